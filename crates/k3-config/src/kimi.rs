@@ -278,7 +278,8 @@ impl KimiConfig {
                     "group-limited routing needs at least 2 experts per group",
                 );
             }
-            if m.topk_group == 0 || m.topk_group > m.num_expert_group {
+            // With a single group, topk_group is meaningless (plain top-k routing).
+            if m.num_expert_group > 1 && (m.topk_group == 0 || m.topk_group > m.num_expert_group) {
                 return field_err(
                     "topk_group",
                     format!(
@@ -287,7 +288,7 @@ impl KimiConfig {
                     ),
                 );
             }
-            if m.top_k > m.topk_group * group {
+            if m.num_expert_group > 1 && m.top_k > m.topk_group * group {
                 return field_err(
                     "num_experts_per_token",
                     format!(
