@@ -1,1 +1,35 @@
+//! K3-Mini training model in libtorch (through `tch`): every K3 component, written from
+//! differentiable torch ops, with the HF (Moonshot) parameter names of the checkpoint contract.
+//!
+//! One file per component, mirroring the pure-Rust engine: [`kda_ops`] (the delta-rule core in
+//! recurrent, chunked and step form), [`kda`], [`mla`], [`ffn`], [`moe`], [`residual`] (AttnRes),
+//! [`kimi`] (the hybrid stack), [`llama`] (the baseline Transformer), [`model`] (construction,
+//! checkpoints, forward).
 
+pub mod ffn;
+pub mod kda;
+pub mod kda_ops;
+pub mod kimi;
+pub mod llama;
+pub mod mla;
+pub mod model;
+pub mod moe;
+pub mod nn;
+pub mod residual;
+
+pub use kimi::Output;
+pub use model::{Model, Net, NetState};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Format(#[from] k3_format::Error),
+    #[error(transparent)]
+    Config(#[from] k3_config::Error),
+    #[error("libtorch: {0}")]
+    Torch(#[from] tch::TchError),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
