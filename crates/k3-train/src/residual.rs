@@ -16,7 +16,11 @@ impl AttnResPoint {
     /// Parameters `{name}_norm.weight` [C] and `{name}_proj.weight` [1, C] under `p`.
     pub fn new(p: &tch::nn::Path, name: &str, hidden: usize) -> Self {
         let norm = crate::nn::norm_weight(p, &format!("{name}_norm"), hidden);
-        let proj = p.sub(format!("{name}_proj")).var("weight", &[1, hidden as i64], tch::nn::Init::Const(0.0));
+        let proj = p.sub(format!("{name}_proj")).var(
+            "weight",
+            &[1, hidden as i64],
+            tch::nn::Init::Const(0.0),
+        );
         Self { norm, proj }
     }
 
