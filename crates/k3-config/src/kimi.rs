@@ -210,7 +210,7 @@ impl KimiConfig {
         if self.layers.is_empty() {
             return field_err("num_hidden_layers", "must be > 0");
         }
-        if !(self.rms_norm_eps > 0.0) {
+        if self.rms_norm_eps.is_nan() || self.rms_norm_eps <= 0.0 {
             return field_err(
                 "rms_norm_eps",
                 format!("must be > 0, got {}", self.rms_norm_eps),
@@ -262,7 +262,7 @@ impl KimiConfig {
                     ),
                 );
             }
-            if m.num_expert_group == 0 || m.num_experts % m.num_expert_group != 0 {
+            if m.num_expert_group == 0 || !m.num_experts.is_multiple_of(m.num_expert_group) {
                 return field_err(
                     "num_expert_group",
                     format!(
@@ -302,7 +302,7 @@ impl KimiConfig {
             }
         }
         if let Activation::Situ { beta, .. } = self.activation {
-            if !(beta > 0.0) {
+            if beta.is_nan() || beta <= 0.0 {
                 return field_err("activation_situ_beta", format!("must be > 0, got {beta}"));
             }
         }

@@ -69,7 +69,10 @@ impl LlamaConfig {
                 return field_err(name, "must be > 0");
             }
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             return field_err(
                 "num_key_value_heads",
                 format!(
@@ -78,7 +81,7 @@ impl LlamaConfig {
                 ),
             );
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return field_err("head_dim", "RoPE needs an even head_dim");
         }
         Ok(())

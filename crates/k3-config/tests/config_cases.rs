@@ -245,13 +245,11 @@ fn invalid_values_name_the_field_and_the_allowed_values() {
     }
     let missing = r#"{"model_type":"kimi_linear","hidden_size":32,"num_hidden_layers":2,"num_attention_heads":2}"#;
     let err = hf::parse_config(missing)
-        .err()
-        .expect("missing vocab")
+        .expect_err("missing vocab")
         .to_string();
     assert!(err.contains("vocab_size"), "{err}");
     let err = hf::parse_config(r#"{"model_type":"gpt2"}"#)
-        .err()
-        .expect("bad type")
+        .expect_err("bad type")
         .to_string();
     assert!(
         err.contains("model_type") && err.contains("kimi_linear"),

@@ -325,13 +325,13 @@ pub fn param_counts(cfg: &ModelConfig) -> ParamCounts {
         .sum();
     let mut inactive = 0;
     if let ModelConfig::Kimi(c) = cfg {
-        if c.moe.num_experts > 0 {
-            let routed: usize = specs
-                .iter()
-                .filter(|s| s.name.contains(".experts."))
-                .map(TensorSpec::numel)
-                .sum();
-            inactive = routed - routed * c.moe.top_k / c.moe.num_experts;
+        let routed: usize = specs
+            .iter()
+            .filter(|s| s.name.contains(".experts."))
+            .map(TensorSpec::numel)
+            .sum();
+        if let Some(active_routed) = (routed * c.moe.top_k).checked_div(c.moe.num_experts) {
+            inactive = routed - active_routed;
         }
     }
     ParamCounts {

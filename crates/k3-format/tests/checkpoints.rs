@@ -54,7 +54,7 @@ fn broken_checkpoints_get_errors_naming_file_and_tensor() {
     )
     .expect("write");
     let ck = Checkpoint::open(&d).expect("open");
-    let err = ck.read_all().err().expect("shape error").to_string();
+    let err = ck.read_all().expect_err("shape error").to_string();
     assert!(
         err.contains("model.embed_tokens.weight")
             && err.contains("[300, 64]")
@@ -74,7 +74,7 @@ fn broken_checkpoints_get_errors_naming_file_and_tensor() {
         .replace("\"dense\"\n  ]", "\"dense\",\n \"dense\"\n  ]");
     std::fs::write(d.join("config.json"), cfg).expect("write");
     let ck = Checkpoint::open(&d).expect("open");
-    let err = ck.read_all().err().expect("missing error").to_string();
+    let err = ck.read_all().expect_err("missing error").to_string();
     assert!(
         err.contains("model.layers.4.") && err.contains("missing tensor"),
         "{err}"

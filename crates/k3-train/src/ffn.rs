@@ -2,7 +2,7 @@
 //! Dims: C input width (hidden, or the MoE latent), F intermediate.
 
 use k3_config::Activation;
-use tch::{Kind, Tensor};
+use tch::Tensor;
 
 use crate::nn::Linear;
 
@@ -11,8 +11,8 @@ use crate::nn::Linear;
 pub fn situ_glu(g: &Tensor, u: &Tensor, beta: f64, linear_beta: f64) -> Tensor {
     let kind = g.kind();
     let (g, u) = (
-        g.to_kind(Kind::Float.max(kind)),
-        u.to_kind(Kind::Float.max(kind)),
+        g.to_kind(crate::nn::compute_kind(kind)),
+        u.to_kind(crate::nn::compute_kind(kind)),
     );
     let gate = (&g / beta).tanh() * beta * g.sigmoid();
     let up = if linear_beta > 0.0 {
@@ -28,19 +28,6 @@ pub fn glu(g: &Tensor, u: &Tensor, act: Activation) -> Tensor {
     match act {
         Activation::Silu => g.silu() * u,
         Activation::Situ { beta, linear_beta } => situ_glu(g, u, beta as f64, linear_beta as f64),
-    }
-}
-
-trait KindMax {
-    fn max(self, other: Kind) -> Kind;
-}
-impl KindMax for Kind {
-    fn max(self, other: Kind) -> Kind {
-        if other == Kind::Double {
-            Kind::Double
-        } else {
-            self
-        }
     }
 }
 

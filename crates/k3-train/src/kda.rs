@@ -140,7 +140,7 @@ impl Kda {
             conv: Tensor::zeros([b, 3 * w, kc - 1], (self.q_conv.kind(), dev)),
             s: Tensor::zeros(
                 [b, self.heads, self.head_dim, self.head_dim],
-                (Kind::Float, dev),
+                (crate::nn::compute_kind(self.q_conv.kind()), dev),
             ),
         }
     }

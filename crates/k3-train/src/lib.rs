@@ -6,6 +6,10 @@
 //! [`kimi`] (the hybrid stack), [`llama`] (the baseline Transformer), [`model`] (construction,
 //! checkpoints, forward).
 
+// `a = a * b` is not `a *= b` for tch tensors: the latter is an in-place op that would overwrite
+// a tensor autograd still needs (e.g. a caller's initial state). Keep the out-of-place form.
+#![allow(clippy::assign_op_pattern)]
+
 pub mod ffn;
 pub mod kda;
 pub mod kda_ops;

@@ -159,7 +159,7 @@ impl LlamaModel {
         let future = kpos.unsqueeze(0).gt_tensor(&pos.unsqueeze(1));
         let p = scores
             .masked_fill(&future, f64::NEG_INFINITY)
-            .softmax(-1, Kind::Float)
+            .softmax(-1, crate::nn::compute_kind(q.kind()))
             .to_kind(q.kind());
         a.o.forward(&p.matmul(&v).transpose(1, 2).reshape([b, t, hq * d]))
     }

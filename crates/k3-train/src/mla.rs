@@ -148,7 +148,7 @@ impl Mla {
         let future = kpos.unsqueeze(0).gt_tensor(&qpos.unsqueeze(1)); // [T,S]
         let attn = scores
             .masked_fill(&future, f64::NEG_INFINITY)
-            .softmax(-1, Kind::Float)
+            .softmax(-1, crate::nn::compute_kind(q.kind()))
             .to_kind(q.kind());
         let o = attn.matmul(&v).transpose(1, 2).reshape([b, t, h * dv]); // [B,T,H·Dv]
         let o = match &self.gate {

@@ -15,6 +15,7 @@ use crate::nn::set_param;
 use crate::{Error, Result};
 
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // one per process; boxing buys nothing
 pub enum Net {
     Kimi(KimiModel),
     Llama(LlamaModel),

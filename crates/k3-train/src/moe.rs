@@ -4,7 +4,7 @@
 //! Dims: N tokens (B·T flattened), C hidden, E experts, k top-k, Lt latent width, F_e expert width.
 
 use k3_config::{Activation, MoeConfig};
-use tch::{Kind, Tensor};
+use tch::Tensor;
 
 use crate::ffn::Mlp;
 use crate::nn::{norm_weight, rms_norm, Linear, INIT_STD};
@@ -88,8 +88,11 @@ impl Moe {
         let c = &self.cfg;
         let (n, e) = (x.size()[0], c.num_experts as i64);
         let scores = x
-            .to_kind(Kind::Float)
-            .linear(&self.router.to_kind(Kind::Float), None::<Tensor>)
+            .to_kind(crate::nn::compute_kind(x.kind()))
+            .linear(
+                &self.router.to_kind(crate::nn::compute_kind(x.kind())),
+                None::<Tensor>,
+            )
             .sigmoid(); // [N,E]
         let mut choice = &scores + &self.correction_bias; // [N,E]
         if c.num_expert_group > 1 {
@@ -103,8 +106,8 @@ impl Moe {
                 .0
                 .sum_dim_intlist(-1, false, None);
             let keep = group_scores.topk(c.topk_group as i64, -1, true, false).1; // [N, topk_group]
-            let mask =
-                Tensor::zeros([n, groups], (Kind::Float, x.device())).scatter_value(1, &keep, 1.0);
+            let mask = Tensor::zeros([n, groups], (scores.kind(), x.device()))
+                .scatter_value(1, &keep, 1.0);
             let mask = mask
                 .unsqueeze(-1)
                 .expand([n, groups, per], false)

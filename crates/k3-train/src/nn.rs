@@ -50,7 +50,7 @@ pub fn norm_weight(p: &Path, name: &str, n: usize) -> Tensor {
 /// x: [..., n], w: [n] → [..., n]
 pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Tensor {
     let kind = x.kind();
-    let xf = x.to_kind(Kind::Float.max_precision(kind));
+    let xf = x.to_kind(compute_kind(kind));
     let y = &xf * (xf.square().mean_dim(-1, true, None) + eps).rsqrt();
     y.to_kind(kind) * w
 }
@@ -72,18 +72,13 @@ pub fn softplus_thresholded(x: &Tensor) -> Tensor {
     sp.where_self(&x.le(20.0), x)
 }
 
-/// Helper: the widest float kind of two (f64 stays f64 in gradient checks).
-trait MaxPrecision {
-    fn max_precision(self, other: Kind) -> Kind;
-}
-
-impl MaxPrecision for Kind {
-    fn max_precision(self, other: Kind) -> Kind {
-        if other == Kind::Double {
-            Kind::Double
-        } else {
-            self
-        }
+/// The kind numerically sensitive steps (norms, softmax, router) run in: f32, or f64 when the
+/// model runs in f64 (gradient and reference checks).
+pub fn compute_kind(k: Kind) -> Kind {
+    if k == Kind::Double {
+        Kind::Double
+    } else {
+        Kind::Float
     }
 }
 

@@ -2,7 +2,7 @@
 //! (architecture.md §4; arXiv 2603.15031; K3 `_apply_attn_res`, llama.cpp `kimi-k3` `res_mix`).
 //! Dims: B batch, T time, C hidden, N banked sources (block sums, embedding first).
 
-use tch::{Kind, Tensor};
+use tch::Tensor;
 
 /// One mixing point: an RMSNorm weight and a d→1 pseudo-query, initialised to ones and zeros,
 /// so that at step 0 every mix is a uniform average of its sources.
@@ -36,7 +36,9 @@ impl AttnResPoint {
         let k = crate::nn::rms_normalize(&v, eps);
         let query = (&self.norm * self.proj.squeeze_dim(0)).to_kind(v.kind()); // [C]
         let score = (k * query).sum_dim_intlist(-1, false, None); // [B,T,N+1]
-        let p = score.softmax(-1, Kind::Float).to_kind(v.kind());
+        let p = score
+            .softmax(-1, crate::nn::compute_kind(v.kind()))
+            .to_kind(v.kind());
         (p.unsqueeze(-1) * v).sum_dim_intlist(2, false, None)
     }
 }
