@@ -5,9 +5,13 @@
 //! - [`checkpoint`]: a checkpoint directory = `config.json` + safetensors, loaded against the
 //!   weight-name contract with errors that name the file and the tensor;
 //! - [`weights`]: the contract itself, every tensor name and shape a config implies (HF /
-//!   Moonshot layout, architecture.md §9), and parameter counts derived from it.
+//!   Moonshot layout, architecture.md §9), and parameter counts derived from it;
+//! - [`gguf`]: the GGUF container (reader and atomic writer), and [`gguf_map`]: the HF ↔ GGUF
+//!   names and metadata for llama.cpp's `kimi-linear`, `kimi-k3` and `llama`.
 
 pub mod checkpoint;
+pub mod gguf;
+pub mod gguf_map;
 pub mod safetensors_io;
 pub mod weights;
 

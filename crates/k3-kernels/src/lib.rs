@@ -1,0 +1,11 @@
+//! Pure-Rust CPU kernels on slices. Every kernel that is more than a loop has a `_ref` beside it
+//! (the documentation) and a test comparing the two; tolerances live in [`testing`].
+//!
+//! Dims (docs/SHAPES.md): T tokens, C width, H heads, K key dim, V value dim, R latent rank.
+
+pub mod attention;
+pub mod conv;
+pub mod kda;
+pub mod ops;
+pub mod quant;
+pub mod testing;
