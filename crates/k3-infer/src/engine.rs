@@ -1,0 +1,160 @@
+//! The engine: one model, several live sequences, prefill / decode on token ids, and a streaming
+//! generation loop. Text never enters here (the tokenizer sits at the CLI / server edge).
+
+use std::ops::ControlFlow;
+
+use crate::model::{Logits, Model, SeqState};
+use crate::sampler::{Sampler, SamplerConfig};
+use crate::{Error, Result};
+
+/// A handle to a live sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SeqId(usize);
+
+struct Seq {
+    state: SeqState,
+    tokens: Vec<u32>,
+}
+
+pub struct Engine {
+    pub model: Model,
+    seqs: Vec<Option<Seq>>,
+}
+
+/// Why generation stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    MaxTokens,
+    StopToken,
+    Callback,
+    Context,
+}
+
+#[derive(Debug, Clone)]
+pub struct Generated {
+    pub tokens: Vec<u32>,
+    pub reason: StopReason,
+}
+
+impl Engine {
+    pub fn new(model: Model) -> Self {
+        Self {
+            model,
+            seqs: Vec::new(),
+        }
+    }
+
+    /// Start a new, empty sequence.
+    pub fn add_sequence(&mut self) -> SeqId {
+        let seq = Seq {
+            state: self.model.new_state(),
+            tokens: Vec::new(),
+        };
+        if let Some(i) = self.seqs.iter().position(Option::is_none) {
+            self.seqs[i] = Some(seq);
+            SeqId(i)
+        } else {
+            self.seqs.push(Some(seq));
+            SeqId(self.seqs.len() - 1)
+        }
+    }
+
+    /// Free a sequence's state.
+    pub fn remove_sequence(&mut self, id: SeqId) {
+        if let Some(s) = self.seqs.get_mut(id.0) {
+            *s = None;
+        }
+    }
+
+    pub fn live_sequences(&self) -> usize {
+        self.seqs.iter().filter(|s| s.is_some()).count()
+    }
+
+    fn seq(&mut self, id: SeqId) -> Result<&mut Seq> {
+        self.seqs
+            .get_mut(id.0)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| Error::Invalid(format!("sequence {id:?} does not exist")))
+    }
+
+    /// The tokens a sequence holds so far.
+    pub fn tokens(&mut self, id: SeqId) -> Result<&[u32]> {
+        Ok(&self.seq(id)?.tokens)
+    }
+
+    /// Bytes of inference state a sequence holds.
+    pub fn state_bytes(&mut self, id: SeqId) -> Result<usize> {
+        Ok(self.seq(id)?.state.bytes())
+    }
+
+    /// Append tokens to a sequence; returns logits ([V] or [T, V]).
+    pub fn feed(&mut self, id: SeqId, tokens: &[u32], which: Logits) -> Result<Vec<f32>> {
+        let Engine { model, seqs } = self;
+        let seq = seqs
+            .get_mut(id.0)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| Error::Invalid(format!("sequence {id:?} does not exist")))?;
+        let out = model.forward(tokens, &mut seq.state, which)?;
+        seq.tokens.extend_from_slice(tokens);
+        Ok(out)
+    }
+
+    /// One decode step for several sequences at once: each gets its next token, and its logits
+    /// [V] come back in the same order.
+    pub fn step(&mut self, batch: &[(SeqId, u32)]) -> Result<Vec<Vec<f32>>> {
+        batch
+            .iter()
+            .map(|&(id, tok)| self.feed(id, &[tok], Logits::Last))
+            .collect()
+    }
+
+    /// Prefill `prompt` into a sequence and sample up to `max_new` tokens, streaming each token id
+    /// to `on_token` (which may stop generation). Stops at any of `stop_tokens` (not emitted) or at
+    /// the context limit.
+    pub fn generate(
+        &mut self,
+        id: SeqId,
+        prompt: &[u32],
+        max_new: usize,
+        sampler: SamplerConfig,
+        stop_tokens: &[u32],
+        mut on_token: impl FnMut(u32) -> ControlFlow<()>,
+    ) -> Result<Generated> {
+        let mut sampler = Sampler::new(sampler);
+        let mut logits = self.feed(id, prompt, Logits::Last)?;
+        let mut out = Vec::new();
+        let n_ctx = self.model.n_ctx;
+        loop {
+            if out.len() >= max_new {
+                return Ok(Generated {
+                    tokens: out,
+                    reason: StopReason::MaxTokens,
+                });
+            }
+            let next = {
+                let hist = &self.seq(id)?.tokens;
+                sampler.sample(&logits, hist)
+            };
+            if stop_tokens.contains(&next) {
+                return Ok(Generated {
+                    tokens: out,
+                    reason: StopReason::StopToken,
+                });
+            }
+            out.push(next);
+            if on_token(next).is_break() {
+                return Ok(Generated {
+                    tokens: out,
+                    reason: StopReason::Callback,
+                });
+            }
+            if self.seq(id)?.tokens.len() + 1 > n_ctx {
+                return Ok(Generated {
+                    tokens: out,
+                    reason: StopReason::Context,
+                });
+            }
+            logits = self.feed(id, &[next], Logits::Last)?;
+        }
+    }
+}

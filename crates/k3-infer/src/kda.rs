@@ -1,0 +1,164 @@
+//! Kimi Delta Attention layer (architecture.md §1). Mirrors k3-train's `kda.rs`; the delta rule
+//! itself is in `k3_kernels::kda` (chunked for prefill, one step for decode).
+//! Dims: T tokens, C hidden, H heads, K = V head dim, W = H·K, Kc conv kernel.
+
+use k3_config::{KdaConfig, KdaDecay, KdaOutGate};
+use k3_kernels::{conv, kda as core, ops};
+
+use crate::linear::Matrix;
+use crate::source::Source;
+use crate::Result;
+
+/// Chunk size of the prefill WY form.
+pub const CHUNK: usize = 64;
+
+/// One sequence's KDA state: the pre-conv tail and the delta-rule state.
+#[derive(Debug, Clone)]
+pub struct KdaState {
+    pub conv: Vec<f32>, // [Kc − 1, 3W]
+    pub s: Vec<f32>,    // [H, K, V]
+}
+
+pub enum OutGate {
+    LowRank { a: Matrix, b: Matrix },
+    Full(Matrix),
+}
+
+pub struct Kda {
+    q: Matrix,
+    k: Matrix,
+    v: Matrix,
+    conv_w: Vec<f32>, // [3W, Kc]: q | k | v kernels
+    f_a: Matrix,
+    f_b: Matrix,
+    a_log: Vec<f32>,   // [H]
+    dt_bias: Vec<f32>, // [W]
+    b: Matrix,
+    gate: OutGate,
+    o_norm: Vec<f32>, // [V]
+    o: Matrix,
+    decay: KdaDecay,
+    h: usize,
+    kd: usize,
+    kc: usize,
+    eps: f32,
+}
+
+impl Kda {
+    pub fn load(src: &Source, i: usize, hidden: usize, cfg: &KdaConfig, eps: f64) -> Result<Self> {
+        let p = format!("model.layers.{i}.self_attn");
+        let (h, kd, kc) = (cfg.num_heads, cfg.head_dim, cfg.conv_kernel);
+        let w = h * kd;
+        let mut conv_w = Vec::with_capacity(3 * w * kc);
+        for n in ["q", "k", "v"] {
+            conv_w.extend(src.vector(&format!("{p}.{n}_conv1d.weight"), w * kc)?);
+        }
+        let gate = match cfg.out_gate {
+            KdaOutGate::LowRank => OutGate::LowRank {
+                a: src.matrix(&format!("{p}.g_a_proj.weight"), kd, hidden)?,
+                b: src.matrix(&format!("{p}.g_b_proj.weight"), w, kd)?,
+            },
+            KdaOutGate::FullRank => {
+                OutGate::Full(src.matrix(&format!("{p}.g_proj.weight"), w, hidden)?)
+            }
+        };
+        Ok(Self {
+            q: src.matrix(&format!("{p}.q_proj.weight"), w, hidden)?,
+            k: src.matrix(&format!("{p}.k_proj.weight"), w, hidden)?,
+            v: src.matrix(&format!("{p}.v_proj.weight"), w, hidden)?,
+            conv_w,
+            f_a: src.matrix(&format!("{p}.f_a_proj.weight"), kd, hidden)?,
+            f_b: src.matrix(&format!("{p}.f_b_proj.weight"), w, kd)?,
+            a_log: src.a_log(i, h)?,
+            dt_bias: src.vector(&format!("{p}.dt_bias"), w)?,
+            b: src.matrix(&format!("{p}.b_proj.weight"), h, hidden)?,
+            gate,
+            o_norm: src.vector(&format!("{p}.o_norm.weight"), kd)?,
+            o: src.matrix(&format!("{p}.o_proj.weight"), hidden, w)?,
+            decay: cfg.decay,
+            h,
+            kd,
+            kc,
+            eps: eps as f32,
+        })
+    }
+
+    pub fn new_state(&self) -> KdaState {
+        let w = self.h * self.kd;
+        KdaState {
+            conv: vec![0.0; (self.kc - 1) * 3 * w],
+            s: vec![0.0; self.h * self.kd * self.kd],
+        }
+    }
+
+    /// # Shapes
+    /// x: [T, C] (after `input_layernorm`) → [T, C]; the state is advanced by T tokens.
+    pub fn forward(&self, x: &[f32], t: usize, st: &mut KdaState, threads: usize) -> Vec<f32> {
+        let (h, kd) = (self.h, self.kd);
+        let w = h * kd;
+        // q | k | v projections, interleaved per token as [T, 3W] for the conv.
+        let (q, k, v) = (
+            self.q.apply(x, t, threads),
+            self.k.apply(x, t, threads),
+            self.v.apply(x, t, threads),
+        );
+        let mut qkv = Vec::with_capacity(t * 3 * w);
+        for r in 0..t {
+            qkv.extend_from_slice(&q[r * w..(r + 1) * w]);
+            qkv.extend_from_slice(&k[r * w..(r + 1) * w]);
+            qkv.extend_from_slice(&v[r * w..(r + 1) * w]);
+        }
+        let mut y = vec![0f32; t * 3 * w];
+        conv::short_conv_silu(&mut y, &qkv, &self.conv_w, &mut st.conv, 3 * w, self.kc);
+        let (mut q, mut k, mut v) = (
+            Vec::with_capacity(t * w),
+            Vec::with_capacity(t * w),
+            Vec::with_capacity(t * w),
+        );
+        for r in 0..t {
+            let row = &y[r * 3 * w..(r + 1) * 3 * w];
+            q.extend_from_slice(&row[..w]);
+            k.extend_from_slice(&row[w..2 * w]);
+            v.extend_from_slice(&row[2 * w..]);
+        }
+        ops::l2norm_inplace(&mut q, kd, 1e-6);
+        ops::l2norm_inplace(&mut k, kd, 1e-6);
+
+        // Forget gate g (log-space, ≤ 0) and β.
+        let mut g = self.f_b.apply(&self.f_a.apply(x, t, threads), t, threads); // [T, W]
+        for r in 0..t {
+            for hh in 0..h {
+                let a = self.a_log[hh].exp();
+                for d in 0..kd {
+                    let idx = r * w + hh * kd + d;
+                    let f = g[idx] + self.dt_bias[hh * kd + d];
+                    g[idx] = match self.decay {
+                        KdaDecay::Softplus => -a * ops::softplus(f),
+                        KdaDecay::LowerBound(lb) => lb * ops::sigmoid(a * f),
+                    };
+                }
+            }
+        }
+        let mut beta = self.b.apply(x, t, threads); // [T, H]
+        beta.iter_mut().for_each(|b| *b = ops::sigmoid(*b));
+
+        let mut o = vec![0f32; t * w];
+        if t == 1 {
+            core::kda_step(&mut o, &q, &k, &v, &g, &beta, &mut st.s, kd, kd);
+        } else {
+            core::kda_chunk(&mut o, &q, &k, &v, &g, &beta, &mut st.s, h, kd, kd, CHUNK);
+        }
+
+        // Gated per-head RMSNorm: normalise first, gate second (sigmoid).
+        let gate = match &self.gate {
+            OutGate::LowRank { a, b } => b.apply(&a.apply(x, t, threads), t, threads),
+            OutGate::Full(gm) => gm.apply(x, t, threads),
+        };
+        let mut normed = vec![0f32; t * w];
+        ops::rmsnorm(&mut normed, &o, &self.o_norm, self.eps);
+        for (n, gv) in normed.iter_mut().zip(&gate) {
+            *n *= ops::sigmoid(*gv);
+        }
+        self.o.apply(&normed, t, threads)
+    }
+}

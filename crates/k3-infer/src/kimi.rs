@@ -1,0 +1,237 @@
+//! The Kimi-Linear / K3 hybrid stack (architecture.md §3, §4(b)), pure Rust. Mirrors
+//! k3-train's `kimi.rs`. Dims: T tokens, C hidden, V vocab.
+
+use k3_config::{FfnKind, KimiConfig, Mixer as MixerKind};
+use k3_kernels::ops;
+
+use crate::ffn::Mlp;
+use crate::kda::{Kda, KdaState};
+use crate::linear::Matrix;
+use crate::mla::Mla;
+use crate::moe::Moe;
+use crate::source::Source;
+use crate::Result;
+
+pub enum Mixer {
+    Kda(Kda),
+    Mla(Mla),
+}
+
+pub enum Ffn {
+    Dense(Mlp),
+    Moe(Moe),
+}
+
+/// Per-layer state of one sequence.
+#[derive(Debug, Clone)]
+pub enum LayerState {
+    Kda(KdaState),
+    /// The absorbed latent cache: [S, R + Dr].
+    Mla(Vec<f32>),
+}
+
+pub struct Block {
+    mixer: Mixer,
+    ffn: Ffn,
+    norm_in: Vec<f32>,
+    norm_post: Vec<f32>,
+    /// Fused AttnRes score vectors (norm ⊙ proj) before the mixer and before the FFN.
+    res: Option<(Vec<f32>, Vec<f32>)>,
+}
+
+pub struct KimiModel {
+    pub cfg: KimiConfig,
+    embed: Matrix,
+    blocks: Vec<Block>,
+    norm: Vec<f32>,
+    lm_head: Matrix,
+    out_res: Option<Vec<f32>>,
+}
+
+/// `Σ_n softmax_n(score · RMSNorm(V_n)) · V_n` per token over V = [bank…, prefix].
+///
+/// # Shapes
+/// prefix: [T, C]; bank: N × [T, C]; score: [C] → [T, C]
+fn attn_res_mix(prefix: &[f32], bank: &[Vec<f32>], score: &[f32], eps: f32) -> Vec<f32> {
+    let c = score.len();
+    let t = prefix.len() / c;
+    let mut out = vec![0f32; t * c];
+    let mut p = vec![0f32; bank.len() + 1];
+    for r in 0..t {
+        let src = |n: usize| -> &[f32] {
+            if n < bank.len() {
+                &bank[n][r * c..(r + 1) * c]
+            } else {
+                &prefix[r * c..(r + 1) * c]
+            }
+        };
+        for (n, pn) in p.iter_mut().enumerate() {
+            let v = src(n);
+            let inv = 1.0 / (v.iter().map(|x| x * x).sum::<f32>() / c as f32 + eps).sqrt();
+            *pn = ops::dot(v, score) * inv;
+        }
+        ops::softmax_inplace(&mut p);
+        for (n, &pn) in p.iter().enumerate() {
+            ops::axpy(&mut out[r * c..(r + 1) * c], pn, src(n));
+        }
+    }
+    out
+}
+
+impl KimiModel {
+    pub fn load(src: &Source, cfg: &KimiConfig) -> Result<Self> {
+        let d = cfg.hidden_size;
+        let eps = cfg.rms_norm_eps;
+        let mut blocks = Vec::with_capacity(cfg.layers.len());
+        for (i, kind) in cfg.layers.iter().enumerate() {
+            let p = format!("model.layers.{i}");
+            let mixer = match kind.mixer {
+                MixerKind::Kda => Mixer::Kda(Kda::load(src, i, d, &cfg.kda, eps)?),
+                MixerKind::Mla => Mixer::Mla(Mla::load(src, i, d, &cfg.mla)?),
+            };
+            let ffn = match kind.ffn {
+                FfnKind::Dense => Ffn::Dense(Mlp::load(
+                    src,
+                    &format!("{p}.mlp"),
+                    d,
+                    cfg.intermediate_size,
+                    cfg.activation,
+                )?),
+                FfnKind::Moe => Ffn::Moe(Moe::load(src, i, d, &cfg.moe, cfg.activation, eps)?),
+            };
+            let res = match cfg.attn_res_block_size {
+                Some(_) => Some((
+                    src.res_score(&format!("{p}.self_attention_res"), d)?,
+                    src.res_score(&format!("{p}.mlp_res"), d)?,
+                )),
+                None => None,
+            };
+            blocks.push(Block {
+                mixer,
+                ffn,
+                norm_in: src.vector(&format!("{p}.input_layernorm.weight"), d)?,
+                norm_post: src.vector(&format!("{p}.post_attention_layernorm.weight"), d)?,
+                res,
+            });
+        }
+        Ok(Self {
+            cfg: cfg.clone(),
+            embed: src.embedding(cfg.vocab_size, d)?,
+            blocks,
+            norm: src.vector("model.norm.weight", d)?,
+            lm_head: src.lm_head(cfg.vocab_size, d)?,
+            out_res: match cfg.attn_res_block_size {
+                Some(_) => Some(src.res_score("model.output_attn_res", d)?),
+                None => None,
+            },
+        })
+    }
+
+    pub fn new_state(&self) -> Vec<LayerState> {
+        self.blocks
+            .iter()
+            .map(|b| match &b.mixer {
+                Mixer::Kda(k) => LayerState::Kda(k.new_state()),
+                Mixer::Mla(_) => LayerState::Mla(Vec::new()),
+            })
+            .collect()
+    }
+
+    fn mixer(
+        &self,
+        b: &Block,
+        x: &[f32],
+        t: usize,
+        st: &mut LayerState,
+        threads: usize,
+    ) -> Vec<f32> {
+        let mut h = vec![0f32; x.len()];
+        ops::rmsnorm(&mut h, x, &b.norm_in, self.cfg.rms_norm_eps as f32);
+        match (&b.mixer, st) {
+            (Mixer::Kda(k), LayerState::Kda(s)) => k.forward(&h, t, s, threads),
+            (Mixer::Mla(m), LayerState::Mla(c)) => m.forward(&h, t, c, threads),
+            _ => unreachable!("state kinds are created from the same layer list"),
+        }
+    }
+
+    fn ffn(&self, b: &Block, x: &[f32], t: usize, threads: usize) -> Vec<f32> {
+        let mut h = vec![0f32; x.len()];
+        ops::rmsnorm(&mut h, x, &b.norm_post, self.cfg.rms_norm_eps as f32);
+        match &b.ffn {
+            Ffn::Dense(m) => m.forward(&h, t, threads),
+            Ffn::Moe(m) => m.forward(&h, t, threads),
+        }
+    }
+
+    /// Run `tokens` through the stack, advancing `state`; returns the final-norm hidden states
+    /// [T, C] (the caller applies the head to the rows it needs).
+    pub fn hidden(&self, tokens: &[u32], state: &mut [LayerState], threads: usize) -> Vec<f32> {
+        let d = self.cfg.hidden_size;
+        let t = tokens.len();
+        let eps = self.cfg.rms_norm_eps as f32;
+        let mut x = vec![0f32; t * d];
+        for (r, &tok) in tokens.iter().enumerate() {
+            self.embed
+                .row_into(tok as usize, &mut x[r * d..(r + 1) * d]);
+        }
+        let h = match self.cfg.attn_res_block_size {
+            None => {
+                for (b, st) in self.blocks.iter().zip(state.iter_mut()) {
+                    let a = self.mixer(b, &x, t, st, threads);
+                    ops::axpy(&mut x, 1.0, &a);
+                    let m = self.ffn(b, &x, t, threads);
+                    ops::axpy(&mut x, 1.0, &m);
+                }
+                x
+            }
+            Some(block) => {
+                let mut bank: Vec<Vec<f32>> = Vec::new();
+                let mut prefix = Some(x);
+                for (i, (b, st)) in self.blocks.iter().zip(state.iter_mut()).enumerate() {
+                    let (attn_score, mlp_score) = b
+                        .res
+                        .as_ref()
+                        .expect("AttnRes scores loaded with the block size");
+                    let cur = prefix.take().expect("prefix between layers");
+                    let mixed = if bank.is_empty() {
+                        cur.clone()
+                    } else {
+                        attn_res_mix(&cur, &bank, attn_score, eps)
+                    };
+                    let cur = if i % block == 0 {
+                        bank.push(cur); // seal the finished block (layer 0 seals the embedding)
+                        None
+                    } else {
+                        Some(cur)
+                    };
+                    let a = self.mixer(b, &mixed, t, st, threads);
+                    let mut cur = match cur {
+                        Some(mut c) => {
+                            ops::axpy(&mut c, 1.0, &a);
+                            c
+                        }
+                        None => a,
+                    };
+                    let z = attn_res_mix(&cur, &bank, mlp_score, eps);
+                    let m = self.ffn(b, &z, t, threads);
+                    ops::axpy(&mut cur, 1.0, &m);
+                    prefix = Some(cur);
+                }
+                let cur = prefix.expect("prefix after the last layer");
+                attn_res_mix(
+                    &cur,
+                    &bank,
+                    self.out_res.as_ref().expect("output AttnRes score"),
+                    eps,
+                )
+            }
+        };
+        let mut out = vec![0f32; h.len()];
+        ops::rmsnorm(&mut out, &h, &self.norm, eps);
+        out
+    }
+
+    pub fn lm_head(&self) -> &Matrix {
+        &self.lm_head
+    }
+}

@@ -1,0 +1,41 @@
+//! The pure-Rust K3-Mini inference engine (no libtorch).
+//!
+//! It loads Kimi-Linear / K3 checkpoints (safetensors, both profiles), Llama checkpoints, and
+//! GGUF files (ours and llama.cpp's converter's: `kimi-linear`, `kimi-k3`, `llama`), runs them on
+//! token ids with one state per sequence (KDA's fixed state and conv tail, MLA's growing latent
+//! cache, Llama's KV cache), and samples. The tokenizer and chat template sit at its edge.
+//!
+//! One file per component, mirroring k3-train: [`kda`], [`mla`], [`ffn`], [`moe`], [`kimi`]
+//! (the stack and AttnRes), [`llama`]; weights live in [`linear::Matrix`] in any ggml type.
+
+pub mod engine;
+pub mod ffn;
+pub mod kda;
+pub mod kimi;
+pub mod linear;
+pub mod llama;
+pub mod mla;
+pub mod model;
+pub mod moe;
+pub mod sampler;
+pub mod source;
+pub mod threads;
+pub mod tokenizer;
+
+pub use engine::{Engine, SeqId};
+pub use model::{Logits, Model, SeqState};
+pub use sampler::{Sampler, SamplerConfig};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Format(#[from] k3_format::Error),
+    #[error(transparent)]
+    Config(#[from] k3_config::Error),
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,141 @@
+//! Llama (GQA + RoPE + SwiGLU): the baseline Transformer and the SmolLM2 teacher. Q/K are held in
+//! HF row order (a GGUF's llama.cpp permutation is undone at load), so RoPE is HF rotate-half.
+//! Dims: T tokens, C hidden, Hq/Hkv heads, D head dim, S cached positions.
+
+use k3_config::{Activation, LlamaConfig};
+use k3_kernels::{attention, ops};
+
+use crate::ffn::Mlp;
+use crate::linear::Matrix;
+use crate::source::Source;
+use crate::Result;
+
+struct Layer {
+    q: Matrix,
+    k: Matrix,
+    v: Matrix,
+    o: Matrix,
+    mlp: Mlp,
+    norm_in: Vec<f32>,
+    norm_post: Vec<f32>,
+}
+
+/// One sequence's K/V cache for one layer: [S, Hkv, D] each.
+#[derive(Debug, Clone, Default)]
+pub struct KvCache {
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+}
+
+pub struct LlamaModel {
+    pub cfg: LlamaConfig,
+    embed: Matrix,
+    layers: Vec<Layer>,
+    norm: Vec<f32>,
+    lm_head: Matrix,
+    inv_freq: Vec<f32>,
+}
+
+impl LlamaModel {
+    pub fn load(src: &Source, cfg: &LlamaConfig) -> Result<Self> {
+        if cfg.attention_bias || cfg.mlp_bias {
+            return Err(crate::Error::Invalid("Llama checkpoints with attention/MLP biases are not supported by the native engine yet".into()));
+        }
+        let (d, hd) = (cfg.hidden_size, cfg.head_dim);
+        let (hq, hkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        for i in 0..cfg.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            layers.push(Layer {
+                q: src.llama_attn(i, "q", hq * hd, d, hq)?,
+                k: src.llama_attn(i, "k", hkv * hd, d, hkv)?,
+                v: src.llama_attn(i, "v", hkv * hd, d, hkv)?,
+                o: src.llama_attn(i, "o", d, hq * hd, hq)?,
+                mlp: Mlp::load(
+                    src,
+                    &format!("{p}.mlp"),
+                    d,
+                    cfg.intermediate_size,
+                    Activation::Silu,
+                )?,
+                norm_in: src.vector(&format!("{p}.input_layernorm.weight"), d)?,
+                norm_post: src.vector(&format!("{p}.post_attention_layernorm.weight"), d)?,
+            });
+        }
+        let inv_freq = (0..hd / 2)
+            .map(|i| (cfg.rope_theta as f32).powf(-2.0 * i as f32 / hd as f32))
+            .collect();
+        Ok(Self {
+            cfg: cfg.clone(),
+            embed: src.embedding(cfg.vocab_size, d)?,
+            layers,
+            norm: src.vector("model.norm.weight", d)?,
+            lm_head: src.lm_head(cfg.vocab_size, d)?,
+            inv_freq,
+        })
+    }
+
+    pub fn new_state(&self) -> Vec<KvCache> {
+        vec![KvCache::default(); self.layers.len()]
+    }
+
+    /// Rotate-half RoPE in place on rows [T, H, D] at positions `pos0..pos0+T`.
+    fn rope(&self, x: &mut [f32], heads: usize, pos0: usize) {
+        let d = self.cfg.head_dim;
+        let half = d / 2;
+        for (r, row) in x.chunks_exact_mut(heads * d).enumerate() {
+            let pos = (pos0 + r) as f32;
+            for hv in row.chunks_exact_mut(d) {
+                for i in 0..half {
+                    let (s, c) = (pos * self.inv_freq[i]).sin_cos();
+                    let (a, b) = (hv[i], hv[i + half]);
+                    hv[i] = a * c - b * s;
+                    hv[i + half] = b * c + a * s;
+                }
+            }
+        }
+    }
+
+    /// Final-norm hidden states [T, C] for `tokens`, advancing the cache.
+    pub fn hidden(&self, tokens: &[u32], state: &mut [KvCache], threads: usize) -> Vec<f32> {
+        let c = &self.cfg;
+        let (d, hd, hq, hkv) = (
+            c.hidden_size,
+            c.head_dim,
+            c.num_attention_heads,
+            c.num_key_value_heads,
+        );
+        let eps = c.rms_norm_eps as f32;
+        let t = tokens.len();
+        let mut x = vec![0f32; t * d];
+        for (r, &tok) in tokens.iter().enumerate() {
+            self.embed
+                .row_into(tok as usize, &mut x[r * d..(r + 1) * d]);
+        }
+        let mut h = vec![0f32; t * d];
+        for (l, cache) in self.layers.iter().zip(state.iter_mut()) {
+            ops::rmsnorm(&mut h, &x, &l.norm_in, eps);
+            let past = cache.k.len() / (hkv * hd);
+            let mut q = l.q.apply(&h, t, threads);
+            let mut k = l.k.apply(&h, t, threads);
+            let v = l.v.apply(&h, t, threads);
+            self.rope(&mut q, hq, past);
+            self.rope(&mut k, hkv, past);
+            cache.k.extend_from_slice(&k);
+            cache.v.extend_from_slice(&v);
+            let mut att = vec![0f32; t * hq * hd];
+            attention::gqa_attend_ref(&mut att, &q, &cache.k, &cache.v, hq, hkv, hd, past);
+            let o = l.o.apply(&att, t, threads);
+            ops::axpy(&mut x, 1.0, &o);
+            ops::rmsnorm(&mut h, &x, &l.norm_post, eps);
+            let m = l.mlp.forward(&h, t, threads);
+            ops::axpy(&mut x, 1.0, &m);
+        }
+        ops::rmsnorm(&mut h, &x, &self.norm, eps);
+        h
+    }
+
+    pub fn lm_head(&self) -> &Matrix {
+        &self.lm_head
+    }
+}

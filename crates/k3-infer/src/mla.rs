@@ -1,0 +1,158 @@
+//! Multi-head latent attention in its absorbed form (architecture.md §2(a)): the cache holds only
+//! `[RMSNorm(c_kv) ; k_r]` per token (R + Dr values), queries are absorbed into the latent space
+//! through W_uk, and W_uv maps the attended latent back per head. NoPE, optional q LoRA and the
+//! K3 output gate. Dims: T new tokens, S cached, C hidden, H heads, Dn/Dr/Dv, R = kv_lora_rank.
+
+use k3_config::MlaConfig;
+use k3_kernels::{attention, ops};
+
+use crate::linear::Matrix;
+use crate::source::Source;
+use crate::Result;
+
+/// Transformers and Moonshot use eps 1e-6 in the two latent RMSNorms.
+const LATENT_EPS: f32 = 1e-6;
+
+pub enum QProj {
+    Plain(Matrix),
+    Lora {
+        a: Matrix,
+        a_bias: Option<Vec<f32>>,
+        norm: Vec<f32>,
+        b: Matrix,
+    },
+}
+
+pub struct Mla {
+    q: QProj,
+    kv_a: Matrix,
+    kv_a_bias: Option<Vec<f32>>,
+    kv_norm: Vec<f32>,
+    k_b: Vec<Matrix>, // per head [R, Dn]: W_ukᵀ
+    v_b: Vec<Matrix>, // per head [Dv, R]: W_uv
+    o: Matrix,
+    o_bias: Option<Vec<f32>>,
+    gate: Option<Matrix>,
+    h: usize,
+    dn: usize,
+    dr: usize,
+    dv: usize,
+    r: usize,
+}
+
+fn add_bias(y: &mut [f32], b: &Option<Vec<f32>>) {
+    if let Some(b) = b {
+        for row in y.chunks_exact_mut(b.len()) {
+            ops::axpy(row, 1.0, b);
+        }
+    }
+}
+
+impl Mla {
+    pub fn load(src: &Source, i: usize, hidden: usize, cfg: &MlaConfig) -> Result<Self> {
+        let p = format!("model.layers.{i}.self_attn");
+        let (h, qk) = (cfg.num_heads, cfg.qk_head_dim());
+        let bias = |name: &str, n: usize| -> Result<Option<Vec<f32>>> {
+            if cfg.attention_bias {
+                Ok(Some(src.vector(&format!("{p}.{name}.bias"), n)?))
+            } else {
+                Ok(None)
+            }
+        };
+        let q = match cfg.q_lora_rank {
+            None => QProj::Plain(src.matrix(&format!("{p}.q_proj.weight"), h * qk, hidden)?),
+            Some(rq) => QProj::Lora {
+                a: src.matrix(&format!("{p}.q_a_proj.weight"), rq, hidden)?,
+                a_bias: bias("q_a_proj", rq)?,
+                norm: src.vector(&format!("{p}.q_a_layernorm.weight"), rq)?,
+                b: src.matrix(&format!("{p}.q_b_proj.weight"), h * qk, rq)?,
+            },
+        };
+        let (r, dr) = (cfg.kv_lora_rank, cfg.qk_rope_head_dim);
+        let (k_b, v_b) = src.mla_absorbed(i, h, r, cfg.qk_nope_head_dim, cfg.v_head_dim)?;
+        Ok(Self {
+            q,
+            kv_a: src.matrix(&format!("{p}.kv_a_proj_with_mqa.weight"), r + dr, hidden)?,
+            kv_a_bias: bias("kv_a_proj_with_mqa", r + dr)?,
+            kv_norm: src.vector(&format!("{p}.kv_a_layernorm.weight"), r)?,
+            k_b: (0..h).map(|hh| k_b.slice_rows(hh * r, r)).collect(),
+            v_b: (0..h)
+                .map(|hh| v_b.slice_rows(hh * cfg.v_head_dim, cfg.v_head_dim))
+                .collect(),
+            o: src.matrix(&format!("{p}.o_proj.weight"), hidden, h * cfg.v_head_dim)?,
+            o_bias: bias("o_proj", hidden)?,
+            gate: if cfg.output_gate {
+                Some(src.matrix(&format!("{p}.g_proj.weight"), h * cfg.v_head_dim, hidden)?)
+            } else {
+                None
+            },
+            h,
+            dn: cfg.qk_nope_head_dim,
+            dr,
+            dv: cfg.v_head_dim,
+            r,
+        })
+    }
+
+    /// Values cached per token (R + Dr).
+    pub fn cache_width(&self) -> usize {
+        self.r + self.dr
+    }
+
+    /// # Shapes
+    /// x: [T, C] (after `input_layernorm`); cache: [S, R + Dr] (grows by T) → [T, C]
+    pub fn forward(&self, x: &[f32], t: usize, cache: &mut Vec<f32>, threads: usize) -> Vec<f32> {
+        let (h, dn, dr, dv, r) = (self.h, self.dn, self.dr, self.dv, self.r);
+        let qk = dn + dr;
+        let q = match &self.q {
+            QProj::Plain(m) => m.apply(x, t, threads),
+            QProj::Lora { a, a_bias, norm, b } => {
+                let mut qa = a.apply(x, t, threads);
+                add_bias(&mut qa, a_bias);
+                let mut qn = vec![0f32; qa.len()];
+                ops::rmsnorm(&mut qn, &qa, norm, LATENT_EPS);
+                b.apply(&qn, t, threads)
+            }
+        }; // [T, H·(Dn+Dr)]
+        let mut ckv = self.kv_a.apply(x, t, threads); // [T, R+Dr]
+        add_bias(&mut ckv, &self.kv_a_bias);
+        let past = cache.len() / (r + dr);
+        for row in ckv.chunks_exact(r + dr) {
+            let mut c = vec![0f32; r];
+            ops::rmsnorm(&mut c, &row[..r], &self.kv_norm, LATENT_EPS);
+            cache.extend_from_slice(&c);
+            cache.extend_from_slice(&row[r..]); // k_r: shared by all heads, no rotary (NoPE)
+        }
+        let scale = 1.0 / (qk as f32).sqrt();
+        let mut att = vec![0f32; t * h * dv];
+        let (mut q_abs, mut q_r, mut lat) =
+            (vec![0f32; h * r], vec![0f32; h * dr], vec![0f32; h * r]);
+        for tt in 0..t {
+            let qrow = &q[tt * h * qk..(tt + 1) * h * qk];
+            for hh in 0..h {
+                // q̃ = W_ukᵀ q_nope: rows h·R..h·R+R of k_b dotted with q_nope^h
+                let qn = &qrow[hh * qk..hh * qk + dn];
+                self.k_b[hh].matvec(qn, &mut q_abs[hh * r..(hh + 1) * r], 1);
+                q_r[hh * dr..(hh + 1) * dr].copy_from_slice(&qrow[hh * qk + dn..(hh + 1) * qk]);
+            }
+            let visible = &cache[..(past + tt + 1) * (r + dr)]; // causal
+            attention::mla_attend_ref(&mut lat, &q_abs, &q_r, visible, r, dr, scale);
+            for hh in 0..h {
+                self.v_b[hh].matvec(
+                    &lat[hh * r..(hh + 1) * r],
+                    &mut att[(tt * h + hh) * dv..(tt * h + hh + 1) * dv],
+                    1,
+                );
+            }
+        }
+        if let Some(g) = &self.gate {
+            let gv = g.apply(x, t, threads); // gate from the mixer input
+            for (a, b) in att.iter_mut().zip(&gv) {
+                *a *= ops::sigmoid(*b);
+            }
+        }
+        let mut y = self.o.apply(&att, t, threads);
+        add_bias(&mut y, &self.o_bias);
+        y
+    }
+}
