@@ -1,9 +1,11 @@
 //! `k3mini`: the K3-Mini command-line tool.
 //!
-//! Pure-Rust commands (always available): `info`. With the `train` feature (libtorch through
-//! tch): `init`, `logits --engine torch`.
+//! Pure-Rust commands (always available): `info`, `presets`, `logits` (native engine),
+//! `generate`, `quantize`. With the `train` feature (libtorch through tch): `init`,
+//! `logits --engine torch`.
 
 mod info;
+mod native;
 #[cfg(feature = "train")]
 mod torch_cmds;
 
@@ -50,6 +52,7 @@ enum Cmd {
     },
     /// Run a forward pass on token ids and write `logits` [T, vocab] (f32) to a safetensors file.
     Logits {
+        /// A checkpoint directory or a GGUF file.
         #[arg(long)]
         model: PathBuf,
         /// Comma-separated token ids, e.g. 1,2,3.
@@ -57,12 +60,24 @@ enum Cmd {
         ids: String,
         #[arg(long)]
         out: PathBuf,
-        /// `torch` (the tch training model; needs the `train` feature).
-        #[arg(long, default_value = "torch")]
+        /// `native` (the pure-Rust engine) or `torch` (the tch training model; needs the `train` feature).
+        #[arg(long, default_value = "native")]
         engine: String,
-        /// Compute threads (default: libtorch's choice).
+        /// Compute threads.
         #[arg(long)]
         threads: Option<usize>,
+    },
+    /// Generate text from a prompt, streaming it to stdout (pure-Rust engine).
+    Generate(native::GenerateArgs),
+    /// Write a GGUF (f32, f16, q8_0, q4_0, q4_1) that llama.cpp and `k3mini` load.
+    Quantize {
+        /// A checkpoint directory (config.json + safetensors, optionally tokenizer.json).
+        #[arg(long)]
+        model: PathBuf,
+        #[arg(long = "type", value_name = "TYPE")]
+        ty: String,
+        #[arg(long)]
+        out: PathBuf,
     },
 }
 
@@ -105,10 +120,19 @@ fn run() -> Result<()> {
         }
         #[cfg(feature = "train")]
         Cmd::Init { preset, out, seed, vocab } => torch_cmds::init(&preset, &out, seed, vocab),
+        Cmd::Logits { model, ids, out, engine, threads } if engine == "native" => {
+            native::logits(&model, &parse_ids(&ids)?, &out, threads.unwrap_or(1))
+        }
         #[cfg(feature = "train")]
         Cmd::Logits { model, ids, out, engine, threads } => torch_cmds::logits(&model, &parse_ids(&ids)?, &out, &engine, threads),
+        Cmd::Generate(args) => native::generate(&args),
+        Cmd::Quantize { model, ty, out } => native::quantize(&model, &ty, &out),
         #[cfg(not(feature = "train"))]
-        Cmd::Init { .. } | Cmd::Logits { .. } => bail!(
+        Cmd::Logits { engine, .. } => bail!(
+            "--engine `{engine}`: this k3mini was built without the `train` feature (libtorch); allowed here: native"
+        ),
+        #[cfg(not(feature = "train"))]
+        Cmd::Init { .. } => bail!(
             "this k3mini was built without the `train` feature (libtorch); use the binary that scripts/quickstart builds, \
              or build with `cargo build -p k3-cli --features train` inside the project venv (see README)"
         ),

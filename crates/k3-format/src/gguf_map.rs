@@ -338,8 +338,13 @@ fn opt_u(f: &GgufFile, key: &str) -> Option<usize> {
     f.get(key).and_then(Value::as_u64).map(|v| v as usize)
 }
 
+/// A float, read back as the decimal it was written from when stored as f32 (1e-5 stays 1e-5,
+/// not 9.99999974e-6), so configs round-trip.
 fn opt_f(f: &GgufFile, key: &str) -> Option<f64> {
-    f.get(key).and_then(Value::as_f64)
+    match f.get(key)? {
+        Value::F32(x) => format!("{x}").parse().ok(),
+        v => v.as_f64(),
+    }
 }
 
 /// Number of tokens in the embedded vocabulary, else `{arch}.vocab_size`, else the embedding rows.

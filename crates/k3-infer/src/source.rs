@@ -141,9 +141,31 @@ impl Source {
     pub fn matrix(&self, hf: &str, rows: usize, cols: usize) -> Result<Matrix> {
         match self {
             Source::Hf { .. } => Ok(Matrix::from_f32(rows, cols, &self.hf_f32(hf)?)),
-            Source::Gguf { .. } => {
-                let name = gguf_name(hf)
-                    .ok_or_else(|| Error::Invalid(format!("internal: no GGUF name for `{hf}`")))?;
+            Source::Gguf { config, .. } => {
+                let name = match gguf_name(hf) {
+                    Some(n) => n,
+                    // `g_proj` is the full-rank KDA gate or the MLA output gate, by layer type.
+                    None if hf.ends_with(".self_attn.g_proj.weight") => {
+                        let layer: usize = hf
+                            .trim_start_matches("model.layers.")
+                            .split('.')
+                            .next()
+                            .and_then(|x| x.parse().ok())
+                            .ok_or_else(|| Error::Invalid(format!("internal: bad name `{hf}`")))?;
+                        let kda = matches!(config, ModelConfig::Kimi(c) if c.layers[layer].mixer == k3_config::Mixer::Kda);
+                        blk(
+                            layer,
+                            if kda {
+                                "ssm_g.weight"
+                            } else {
+                                "attn_gate.weight"
+                            },
+                        )
+                    }
+                    None => {
+                        return Err(Error::Invalid(format!("internal: no GGUF name for `{hf}`")))
+                    }
+                };
                 self.gguf_matrix(&name, rows, cols)
             }
         }

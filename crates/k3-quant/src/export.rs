@@ -1,0 +1,330 @@
+//! Checkpoint → GGUF. The HF → GGUF naming and metadata live in `k3_format::gguf_map`; this file
+//! applies the data transforms and chooses each tensor's type:
+//! - llama-quantize leaves alone 1-D tensors, names not ending in `weight`, `*_norm.weight`, the
+//!   MoE router (`ffn_gate_inp`) and the short-conv kernels (`ssm_conv1d*`): they stay F32;
+//! - a tensor whose rows are not a multiple of the block falls back to F16, and we say so;
+//! - for the 4-bit types the output head is written as Q8_0 (llama-quantize uses Q6_K, which
+//!   K3-Mini does not write yet).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use k3_config::{KdaOutGate, Mixer, ModelConfig};
+use k3_format::gguf::{GgufWriter, Value};
+use k3_format::gguf_map::{blk, config_metadata, gguf_name, GgufArch};
+use k3_format::{tensor_specs, Checkpoint};
+use k3_kernels::quant::GgmlType;
+
+use crate::tokenizer_meta::tokenizer_metadata;
+use crate::{Error, Result};
+
+/// The `--type` of `k3mini quantize`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuantType {
+    F32,
+    F16,
+    Q8_0,
+    Q4_0,
+    Q4_1,
+}
+
+impl QuantType {
+    pub fn parse(s: &str) -> Result<Self> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "f32" => QuantType::F32,
+            "f16" => QuantType::F16,
+            "q8_0" => QuantType::Q8_0,
+            "q4_0" => QuantType::Q4_0,
+            "q4_1" => QuantType::Q4_1,
+            other => {
+                return Err(Error::Invalid(format!(
+                    "--type `{other}` is not supported; allowed: f32, f16, q8_0, q4_0, q4_1"
+                )))
+            }
+        })
+    }
+
+    pub fn ggml(self) -> GgmlType {
+        match self {
+            QuantType::F32 => GgmlType::F32,
+            QuantType::F16 => GgmlType::F16,
+            QuantType::Q8_0 => GgmlType::Q8_0,
+            QuantType::Q4_0 => GgmlType::Q4_0,
+            QuantType::Q4_1 => GgmlType::Q4_1,
+        }
+    }
+
+    /// `general.file_type` (llama_ftype).
+    pub fn ftype(self) -> u32 {
+        match self {
+            QuantType::F32 => 0,
+            QuantType::F16 => 1,
+            QuantType::Q4_0 => 2,
+            QuantType::Q4_1 => 3,
+            QuantType::Q8_0 => 7,
+        }
+    }
+}
+
+/// What an export did.
+#[derive(Debug, Clone)]
+pub struct ExportReport {
+    pub arch: GgufArch,
+    pub tensors: usize,
+    pub bytes: u64,
+    /// Tensors kept in F32 by llama-quantize's rules.
+    pub kept_f32: usize,
+    /// "name: rows of N are not a multiple of 32 (Q4_0) → F16" lines.
+    pub fallbacks: Vec<String>,
+    pub notes: Vec<String>,
+}
+
+/// llama-quantize's `tensor_allows_quantization` for the tensors our architectures have.
+fn allows_quantization(name: &str, ndim: usize) -> bool {
+    ndim >= 2
+        && name.ends_with("weight")
+        && !name.contains("_norm.weight")
+        && !name.contains("ffn_gate_inp.weight")
+        && !name.contains("ssm_conv1d")
+}
+
+/// One output tensor: GGUF name, PyTorch-order shape, f32 data.
+type Out = (String, Vec<usize>, Vec<f32>);
+
+/// Reorder Llama Q/K rows per head for llama.cpp's adjacent-pair RoPE (its converter's `permute`).
+fn llama_permute(w: &[f32], heads: usize, rows: usize, cols: usize) -> Vec<f32> {
+    let hd = rows / heads;
+    let mut out = vec![0f32; w.len()];
+    for h in 0..heads {
+        for j in 0..2 {
+            for i in 0..hd / 2 {
+                let src = h * hd + j * hd / 2 + i;
+                let dst = h * hd + i * 2 + j;
+                out[dst * cols..(dst + 1) * cols].copy_from_slice(&w[src * cols..(src + 1) * cols]);
+            }
+        }
+    }
+    out
+}
+
+/// All GGUF tensors of a checkpoint, transformed, in the contract's order.
+fn gguf_tensors(ck: &Checkpoint, arch: GgufArch) -> Result<Vec<Out>> {
+    let cfg = &ck.config;
+    let mut data: HashMap<String, (Vec<usize>, Vec<f32>)> = HashMap::new();
+    for (s, d) in ck.read_all()? {
+        data.insert(s.name.clone(), (s.shape, d));
+    }
+    let take = |data: &mut HashMap<String, (Vec<usize>, Vec<f32>)>, n: &str| {
+        data.remove(n)
+            .ok_or_else(|| Error::Invalid(format!("internal: tensor `{n}` read twice or missing")))
+    };
+    let mut out: Vec<Out> = Vec::new();
+    for spec in tensor_specs(cfg) {
+        let name = spec.name.as_str();
+        if !data.contains_key(name) {
+            continue; // consumed together with a partner (expert stacks, AttnRes pairs)
+        }
+        let layer: Option<usize> = name
+            .strip_prefix("model.layers.")
+            .and_then(|r| r.split('.').next())
+            .and_then(|x| x.parse().ok());
+        let (shape, d) = take(&mut data, name)?;
+        match (cfg, name) {
+            (ModelConfig::Llama(c), n)
+                if n.ends_with("self_attn.q_proj.weight")
+                    || n.ends_with("self_attn.k_proj.weight") =>
+            {
+                let heads = if n.ends_with("q_proj.weight") {
+                    c.num_attention_heads
+                } else {
+                    c.num_key_value_heads
+                };
+                let g =
+                    gguf_name(n).ok_or_else(|| Error::Invalid(format!("no GGUF name for {n}")))?;
+                out.push((
+                    g,
+                    shape.clone(),
+                    llama_permute(&d, heads, shape[0], shape[1]),
+                ));
+            }
+            (ModelConfig::Kimi(c), n) => {
+                let i = layer.unwrap_or(0);
+                if n.ends_with("self_attn.A_log") {
+                    // llama.cpp folds −exp(A_log) at conversion; kimi-linear keeps [1,1,H,1], kimi-k3 [H].
+                    out.push((blk(i, "ssm_a"), shape, d.iter().map(|a| -a.exp()).collect()));
+                } else if n.ends_with("_conv1d.weight") {
+                    let g = gguf_name(n)
+                        .ok_or_else(|| Error::Invalid(format!("no GGUF name for {n}")))?;
+                    out.push((g, vec![1, shape[0], 1, shape[2]], d)); // [C,1,K] → numpy (1, C, 1, K)
+                } else if n.ends_with("kv_b_proj.weight") {
+                    let m = &c.mla;
+                    let (h, r, dn, dv) = (
+                        m.num_heads,
+                        m.kv_lora_rank,
+                        m.qk_nope_head_dim,
+                        m.v_head_dim,
+                    );
+                    let (mut kb, mut vb) = (vec![0f32; h * r * dn], vec![0f32; h * dv * r]);
+                    for hh in 0..h {
+                        let base = hh * (dn + dv);
+                        for x in 0..dn {
+                            for cc in 0..r {
+                                kb[(hh * r + cc) * dn + x] = d[(base + x) * r + cc];
+                                // k_b [H, R, Dn] (transposed)
+                            }
+                        }
+                        vb[hh * dv * r..(hh + 1) * dv * r]
+                            .copy_from_slice(&d[(base + dn) * r..(base + dn + dv) * r]);
+                    }
+                    out.push((blk(i, "attn_k_b.weight"), vec![h, r, dn], kb));
+                    out.push((blk(i, "attn_v_b.weight"), vec![h, dv, r], vb));
+                } else if n.contains(".experts.") {
+                    // Emit the three stacks [E, F_e, Lt] / [E, Lt, F_e] once, at expert 0's w1.
+                    let e = c.moe.num_experts;
+                    let mut stacks: [Vec<f32>; 3] = Default::default();
+                    let mut first = Some((shape, d));
+                    for x in 0..e {
+                        let names = k3_format::weights::expert_names(i, x); // w1, w3, w2
+                        for (k, nm) in names.iter().enumerate() {
+                            let (_, v) = match first.take() {
+                                Some(f) if x == 0 && k == 0 => f,
+                                _ => take(&mut data, nm)?,
+                            };
+                            stacks[k].extend(v);
+                        }
+                    }
+                    let (fe, l) = (
+                        c.moe.intermediate_size,
+                        c.moe.latent.map_or(c.hidden_size, |l| l.dim),
+                    );
+                    let [gate, up, down] = stacks;
+                    out.push((blk(i, "ffn_gate_exps.weight"), vec![e, fe, l], gate));
+                    out.push((blk(i, "ffn_up_exps.weight"), vec![e, fe, l], up));
+                    out.push((blk(i, "ffn_down_exps.weight"), vec![e, l, fe], down));
+                } else if let Some(prefix) = n.strip_suffix("_res_norm.weight") {
+                    let (_, proj) = take(&mut data, &format!("{prefix}_res_proj.weight"))?;
+                    let fused: Vec<f32> = d.iter().zip(&proj).map(|(a, b)| a * b).collect();
+                    let g = if n.starts_with("model.output_attn_res") {
+                        "output_res_score.weight".to_string()
+                    } else if n.ends_with("self_attention_res_norm.weight") {
+                        blk(i, "attn_res_score.weight")
+                    } else {
+                        blk(i, "ffn_res_score.weight")
+                    };
+                    out.push((g, vec![d.len()], fused));
+                } else if n.ends_with("self_attn.g_proj.weight") {
+                    let kda = c.layers[i].mixer == Mixer::Kda;
+                    debug_assert!(!kda || c.kda.out_gate == KdaOutGate::FullRank);
+                    out.push((
+                        blk(
+                            i,
+                            if kda {
+                                "ssm_g.weight"
+                            } else {
+                                "attn_gate.weight"
+                            },
+                        ),
+                        shape,
+                        d,
+                    ));
+                } else {
+                    let g = gguf_name(n).ok_or_else(|| {
+                        Error::Invalid(format!("`{n}` has no GGUF name in `{}`", arch.name()))
+                    })?;
+                    out.push((g, shape, d));
+                }
+            }
+            (_, n) => {
+                let g = gguf_name(n).ok_or_else(|| {
+                    Error::Invalid(format!("`{n}` has no GGUF name in `{}`", arch.name()))
+                })?;
+                out.push((g, shape, d));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Quantize the checkpoint in `dir` to `out` (atomically). Returns what was written.
+pub fn export_gguf(dir: &Path, qt: QuantType, out: &Path) -> Result<ExportReport> {
+    let ck = Checkpoint::open(dir)?;
+    let cfg = ck.config.clone();
+    let arch = GgufArch::for_config(&cfg);
+    let mut w = GgufWriter::new();
+    w.kv(
+        "general.name",
+        Value::Str(
+            dir.file_name()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+        ),
+    );
+    for (k, v) in config_metadata(&cfg)? {
+        w.kv(&k, v);
+    }
+    w.kv("general.file_type", Value::U32(qt.ftype()));
+    w.kv("general.quantization_version", Value::U32(2));
+    let (bos, eos, pad) = match &cfg {
+        ModelConfig::Kimi(c) => (
+            c.bos_token_id,
+            c.eos_token_id.first().copied(),
+            c.pad_token_id,
+        ),
+        ModelConfig::Llama(c) => (
+            c.bos_token_id,
+            c.eos_token_id.first().copied(),
+            c.pad_token_id,
+        ),
+    };
+    let mut notes = Vec::new();
+    let tok = tokenizer_metadata(dir, cfg.vocab_size(), (bos, eos, pad))?;
+    if tok
+        .iter()
+        .any(|(k, v)| k == "tokenizer.ggml.model" && v.as_str() == Some("none"))
+    {
+        notes.push("no tokenizer.json in the checkpoint: the GGUF has no vocabulary (tokenizer.ggml.model = none)".into());
+    }
+    for (k, v) in tok {
+        w.kv(&k, v);
+    }
+    let target = qt.ggml();
+    let (mut kept, mut fallbacks, mut bytes) = (0, Vec::new(), 0u64);
+    let tensors = gguf_tensors(&ck, arch)?;
+    let n = tensors.len();
+    for (name, shape, data) in tensors {
+        let ne0 = *shape.last().unwrap_or(&1);
+        let mut ty = if qt == QuantType::F32 || !allows_quantization(&name, shape.len()) {
+            if qt != QuantType::F32 {
+                kept += 1;
+            }
+            GgmlType::F32
+        } else if name == "output.weight" && matches!(qt, QuantType::Q4_0 | QuantType::Q4_1) {
+            GgmlType::Q8_0
+        } else {
+            target
+        };
+        if ne0 % ty.block_elems() != 0 {
+            fallbacks.push(format!(
+                "{name}: rows of {ne0} are not a multiple of {}'s block of {} → F16",
+                ty.name(),
+                ty.block_elems()
+            ));
+            ty = GgmlType::F16;
+        }
+        let enc = ty.quantize_row(&data);
+        bytes += enc.len() as u64;
+        w.tensor(&name, &shape, ty, enc)?;
+    }
+    if matches!(qt, QuantType::Q4_0 | QuantType::Q4_1) {
+        notes.push("output.weight written as Q8_0 (llama-quantize would use Q6_K)".into());
+    }
+    w.write(out)?;
+    Ok(ExportReport {
+        arch,
+        tensors: n,
+        bytes,
+        kept_f32: kept,
+        fallbacks,
+        notes,
+    })
+}
