@@ -1,11 +1,17 @@
 """Make a random tiny kimi_linear checkpoint with transformers 5.24 and record its logits.
 
-    python random_kimi.py OUTDIR SEED {dense|moe}
+    python random_kimi.py OUTDIR SEED {dense|moe} [--llama-cpp] [--scale S] [--head-scale H]
 
 Dimensions, layer pattern, MoE routing (including group-limited routing), q LoRA and attention
 biases are drawn from SEED, so each seed is a model the Rust side has never seen. Writes
 OUTDIR/model (config.json + model.safetensors, saved by save_pretrained) and OUTDIR/io.safetensors
 (`input_ids` [T], `logits` [T, vocab]).
+
+--llama-cpp draws only what llama.cpp's kimi-linear can load (KDA heads = MLA heads, no attention
+biases, dense layers as a prefix, one expert group, head dims multiple of 32); --scale multiplies
+the random weights (1.0 = O(1) activations, which amplify every rounding difference); --head-scale
+multiplies lm_head, giving the peaked next-token distributions of a trained model instead of the
+near-ties of a random one.
 """
 import math
 import os
@@ -21,6 +27,9 @@ from safetensors.torch import save_file  # noqa: E402
 from transformers import KimiLinearConfig, KimiLinearForCausalLM  # noqa: E402
 
 out, seed, kind = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+llama_cpp = "--llama-cpp" in sys.argv
+scale = float(sys.argv[sys.argv.index("--scale") + 1]) if "--scale" in sys.argv else 1.0
+head_scale = float(sys.argv[sys.argv.index("--head-scale") + 1]) if "--head-scale" in sys.argv else 1.0
 rng = random.Random(seed)
 heads = rng.choice([2, 3, 4])
 n_layers = rng.randint(2, 6)
@@ -34,6 +43,12 @@ kw = dict(vocab_size=rng.randint(100, 400), hidden_size=rng.choice([32, 48, 64, 
           linear_head_dim=rng.choice([8, 16, 32]), linear_num_heads=rng.choice([1, 2, 3]), linear_conv_kernel_dim=4,
           layer_types=layer_types, rms_norm_eps=rng.choice([1e-5, 1e-6]), pad_token_id=0, bos_token_id=1,
           eos_token_id=2, tie_word_embeddings=False)
+if llama_cpp:
+    # llama.cpp aborts on a kimi-linear without any KDA or without any MLA layer (empty cache buffer)
+    layer_types[0], layer_types[-1] = "linear_attention", "full_attention"
+    kw.update(linear_num_heads=heads, attention_bias=False, linear_head_dim=32, qk_nope_head_dim=32,
+              v_head_dim=32, kv_lora_rank=32, hidden_size=rng.choice([64, 96, 128]),
+              intermediate_size=rng.choice([64, 128]), q_lora_rank=None)
 if kind == "moe":
     groups = rng.choice([1, 2, 4])
     experts = groups * rng.choice([2, 3, 4])
@@ -44,6 +59,10 @@ if kind == "moe":
               num_shared_experts=rng.choice([0, 1, 2]), moe_intermediate_size=rng.choice([16, 32]),
               routed_scaling_factor=rng.choice([1.0, 2.446]), norm_topk_prob=rng.random() < 0.7)
     kw["mlp_layer_types"][-1] = "sparse"
+    if llama_cpp:
+        k = rng.randint(0, n_layers - 1)
+        kw.update(mlp_layer_types=["dense"] * k + ["sparse"] * (n_layers - k), n_group=1, topk_group=1, norm_topk_prob=True, num_shared_experts=rng.choice([1, 2]),
+                  num_experts_per_tok=rng.randint(1, min(3, experts)), moe_intermediate_size=32)
 else:
     kw.update(mlp_layer_types=["dense"] * n_layers)
 cfg = KimiLinearConfig(**kw)
@@ -60,9 +79,10 @@ with torch.no_grad():  # O(1) weights so that any mistake shows in the logits
         elif "norm" in name and p.dim() == 1:
             p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
         elif p.dim() >= 2:
-            p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
+            p.copy_(scale * torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
         else:
             p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+    model.lm_head.weight.mul_(head_scale)
     for name, b in model.named_buffers():
         if "e_score_correction_bias" in name:
             b.copy_(0.1 * torch.randn(b.shape, generator=gen))

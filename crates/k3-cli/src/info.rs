@@ -3,18 +3,11 @@
 use std::path::Path;
 
 use anyhow::{bail, Result};
-use k3_config::count::{
-    gqa_baseline_bytes, human_bytes, kimi_state_bytes, llama_state_bytes, pure_mla_state_bytes,
-};
+use k3_config::count::{gqa_baseline_bytes, human_bytes, kimi_state_bytes, llama_state_bytes, pure_mla_state_bytes};
 use k3_config::{FfnKind, Mixer, ModelConfig};
 use k3_format::param_counts;
 
-const CONTEXTS: [(u64, &str); 4] = [
-    (4096, "4K"),
-    (32768, "32K"),
-    (131072, "128K"),
-    (1 << 20, "1M"),
-];
+const CONTEXTS: [(u64, &str); 4] = [(4096, "4K"), (32768, "32K"), (131072, "128K"), (1 << 20, "1M")];
 
 fn millions(n: usize) -> String {
     if n >= 1_000_000_000 {
@@ -33,10 +26,7 @@ pub fn run(model: Option<&Path>, preset: Option<&str>) -> Result<()> {
             }
             (cfg, dir.display().to_string())
         }
-        (None, Some(name)) => (
-            k3_config::presets::preset(name, None)?,
-            format!("preset `{name}`"),
-        ),
+        (None, Some(name)) => (k3_config::presets::preset(name, None)?, format!("preset `{name}`")),
         (None, None) => bail!("give --model DIR or --preset NAME"),
     };
     print!("{}", summary(&cfg, &source));
@@ -55,12 +45,8 @@ pub fn summary(cfg: &ModelConfig, source: &str) -> String {
         millions(p.active),
         millions(p.embedding)
     );
-    s += &format!(
-        "dims        hidden {}, vocab {}, layers {}\n",
-        cfg.hidden_size(),
-        cfg.vocab_size(),
-        cfg.num_layers()
-    );
+    s +=
+        &format!("dims        hidden {}, vocab {}, layers {}\n", cfg.hidden_size(), cfg.vocab_size(), cfg.num_layers());
     match cfg {
         ModelConfig::Kimi(c) => {
             let kinds: String = c
@@ -107,11 +93,7 @@ pub fn summary(cfg: &ModelConfig, source: &str) -> String {
             );
             s += "state       per sequence, KV cache in bf16\n";
             for (t, name) in CONTEXTS {
-                s += &format!(
-                    "            {:>6}  {:>11}\n",
-                    name,
-                    human_bytes(llama_state_bytes(c, t))
-                );
+                s += &format!("            {:>6}  {:>11}\n", name, human_bytes(llama_state_bytes(c, t)));
             }
         }
     }

@@ -66,12 +66,17 @@ enum Cmd {
         /// Compute threads.
         #[arg(long)]
         threads: Option<usize>,
+        /// Native engine: reference numerics (f32 activations and caches, transformers'
+        /// epsilons) instead of llama.cpp's (per-row quantized activations, f16 caches).
+        #[arg(long)]
+        exact: bool,
     },
     /// Generate text from a prompt, streaming it to stdout (pure-Rust engine).
     Generate(native::GenerateArgs),
     /// Write a GGUF (f32, f16, q8_0, q4_0, q4_1) that llama.cpp and `k3mini` load.
     Quantize {
-        /// A checkpoint directory (config.json + safetensors, optionally tokenizer.json).
+        /// A checkpoint directory (config.json + safetensors, optionally tokenizer.json), or a
+        /// GGUF to re-quantize.
         #[arg(long)]
         model: PathBuf,
         #[arg(long = "type", value_name = "TYPE")]
@@ -87,10 +92,7 @@ pub fn parse_ids(s: &str) -> Result<Vec<i64>> {
         .split(',')
         .map(str::trim)
         .filter(|x| !x.is_empty())
-        .map(|x| {
-            x.parse::<i64>()
-                .with_context(|| format!("--ids: `{x}` is not a token id (expected e.g. 1,2,3)"))
-        })
+        .map(|x| x.parse::<i64>().with_context(|| format!("--ids: `{x}` is not a token id (expected e.g. 1,2,3)")))
         .collect::<Result<_>>()?;
     if ids.is_empty() {
         bail!("--ids is empty: give at least one token id, e.g. --ids 1,2,3");
@@ -120,11 +122,11 @@ fn run() -> Result<()> {
         }
         #[cfg(feature = "train")]
         Cmd::Init { preset, out, seed, vocab } => torch_cmds::init(&preset, &out, seed, vocab),
-        Cmd::Logits { model, ids, out, engine, threads } if engine == "native" => {
-            native::logits(&model, &parse_ids(&ids)?, &out, threads.unwrap_or(1))
+        Cmd::Logits { model, ids, out, engine, threads, exact } if engine == "native" => {
+            native::logits(&model, &parse_ids(&ids)?, &out, threads.unwrap_or(1), exact)
         }
         #[cfg(feature = "train")]
-        Cmd::Logits { model, ids, out, engine, threads } => torch_cmds::logits(&model, &parse_ids(&ids)?, &out, &engine, threads),
+        Cmd::Logits { model, ids, out, engine, threads, .. } => torch_cmds::logits(&model, &parse_ids(&ids)?, &out, &engine, threads),
         Cmd::Generate(args) => native::generate(&args),
         Cmd::Quantize { model, ty, out } => native::quantize(&model, &ty, &out),
         #[cfg(not(feature = "train"))]

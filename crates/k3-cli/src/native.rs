@@ -11,40 +11,28 @@ use k3_format::safetensors_io::{write_safetensors, OwnedData};
 use k3_infer::tokenizer::Tokenizer;
 use k3_infer::{Engine, Logits, Model, SamplerConfig};
 
-fn load(path: &Path, threads: usize) -> Result<Model> {
-    let (mut model, warnings) =
-        Model::load(path).with_context(|| format!("loading {}", path.display()))?;
+fn load(path: &Path, threads: usize, exact: bool) -> Result<Model> {
+    let (mut model, warnings) = Model::load(path).with_context(|| format!("loading {}", path.display()))?;
     for w in warnings {
         eprintln!("warning: {w}");
     }
-    model.threads = threads.max(1);
+    model.compute = k3_infer::linear::Compute { threads: threads.max(1), exact };
     Ok(model)
 }
 
-pub fn logits(path: &Path, ids: &[i64], out: &Path, threads: usize) -> Result<()> {
-    let model = load(path, threads)?;
+pub fn logits(path: &Path, ids: &[i64], out: &Path, threads: usize, exact: bool) -> Result<()> {
+    let model = load(path, threads, exact)?;
     let toks: Vec<u32> = ids.iter().map(|&x| x as u32).collect();
     let mut st = model.new_state();
     let l = model.forward(&toks, &mut st, Logits::All)?;
     let v = model.vocab_size();
-    let meta = HashMap::from([
-        ("engine".to_string(), "native".to_string()),
-        ("ids".to_string(), format!("{ids:?}")),
-    ]);
+    let meta = HashMap::from([("engine".to_string(), "native".to_string()), ("ids".to_string(), format!("{ids:?}"))]);
     let last = &l[(toks.len() - 1) * v..];
     let mut top: Vec<(usize, f32)> = last.iter().copied().enumerate().collect();
     top.sort_by(|a, b| b.1.total_cmp(&a.1));
-    write_safetensors(
-        out,
-        &[("logits".into(), vec![toks.len(), v], OwnedData::F32(l))],
-        Some(meta),
-    )
-    .with_context(|| format!("writing {}", out.display()))?;
-    let top: Vec<String> = top
-        .iter()
-        .take(5)
-        .map(|(i, x)| format!("{i} ({x:.3})"))
-        .collect();
+    write_safetensors(out, &[("logits".into(), vec![toks.len(), v], OwnedData::F32(l))], Some(meta))
+        .with_context(|| format!("writing {}", out.display()))?;
+    let top: Vec<String> = top.iter().take(5).map(|(i, x)| format!("{i} ({x:.3})")).collect();
     println!(
         "wrote logits [{}, {v}] to {}; top-5 next ids after the last position: {}",
         toks.len(),
@@ -65,6 +53,11 @@ pub struct GenerateArgs {
     max_tokens: usize,
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// Reference numerics: f32 activations against dequantized weights, f32 caches and
+    /// transformers' epsilons. The default follows llama.cpp (activations quantized per row to
+    /// the weight's activation type, f16 attention caches, rms_norm_eps everywhere).
+    #[arg(long)]
+    exact: bool,
     /// Wrap the prompt in the model's chat template (as one user turn).
     #[arg(long)]
     chat: bool,
@@ -90,30 +83,19 @@ pub struct GenerateArgs {
 }
 
 pub fn generate(a: &GenerateArgs) -> Result<()> {
-    let model = load(&a.model, a.threads)?;
+    let model = load(&a.model, a.threads, a.exact)?;
     let tok = Tokenizer::for_model(&a.model)
         .with_context(|| format!("reading the tokenizer of {}", a.model.display()))?
         .with_context(|| {
-            format!(
-                "{} has no tokenizer (no tokenizer.json, or a GGUF without vocabulary)",
-                a.model.display()
-            )
+            format!("{} has no tokenizer (no tokenizer.json, or a GGUF without vocabulary)", a.model.display())
         })?;
-    let text = if a.chat {
-        tok.apply_chat(a.system.as_deref(), &a.prompt)?
-    } else {
-        a.prompt.clone()
-    };
+    let text = if a.chat { tok.apply_chat(a.system.as_deref(), &a.prompt)? } else { a.prompt.clone() };
     let prompt = tok.encode(&text)?;
     if prompt.is_empty() {
         bail!("the prompt encodes to no tokens");
     }
     if prompt.len() > model.n_ctx {
-        bail!(
-            "the prompt has {} tokens, more than the model's context of {}",
-            prompt.len(),
-            model.n_ctx
-        );
+        bail!("the prompt has {} tokens, more than the model's context of {}", prompt.len(), model.n_ctx);
     }
     let mut engine = Engine::new(model);
     let seq = engine.add_sequence();
@@ -143,17 +125,13 @@ pub fn generate(a: &GenerateArgs) -> Result<()> {
             }
         };
         if let Some(cut) = a.stop.iter().filter_map(|st| s.find(st.as_str())).min() {
-            let _ = out.write_all(s[printed.min(cut)..cut].as_bytes());
+            let _ = out.write_all(&s.as_bytes()[printed.min(cut)..cut]);
             return ControlFlow::Break(());
         }
         // Hold back a trailing partial UTF-8 character (decoded as U+FFFD) until it completes.
-        let end = if s.ends_with('\u{FFFD}') {
-            s.len() - '\u{FFFD}'.len_utf8()
-        } else {
-            s.len()
-        };
+        let end = if s.ends_with('\u{FFFD}') { s.len() - '\u{FFFD}'.len_utf8() } else { s.len() };
         if end > printed {
-            let _ = out.write_all(s[printed..end].as_bytes());
+            let _ = out.write_all(&s.as_bytes()[printed..end]);
             let _ = out.flush();
             printed = end;
         }
@@ -178,8 +156,9 @@ pub fn generate(a: &GenerateArgs) -> Result<()> {
 
 pub fn quantize(model: &Path, ty: &str, out: &Path) -> Result<()> {
     let qt = k3_quant::QuantType::parse(ty)?;
-    let r = k3_quant::export_gguf(model, qt, out)
-        .with_context(|| format!("quantizing {}", model.display()))?;
+    let r =
+        if model.is_file() { k3_quant::requantize_gguf(model, qt, out) } else { k3_quant::export_gguf(model, qt, out) }
+            .with_context(|| format!("quantizing {}", model.display()))?;
     for f in &r.fallbacks {
         eprintln!("fallback: {f}");
     }

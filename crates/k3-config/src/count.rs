@@ -9,11 +9,7 @@ const BF16: u64 = 2;
 
 /// Fixed per-sequence bytes of one KDA layer: the H·K·V state plus the (K_conv − 1) pre-conv tail of q, k, v.
 pub fn kda_layer_state_bytes(c: &KimiConfig) -> u64 {
-    let (h, d, k) = (
-        c.kda.num_heads as u64,
-        c.kda.head_dim as u64,
-        c.kda.conv_kernel as u64,
-    );
+    let (h, d, k) = (c.kda.num_heads as u64, c.kda.head_dim as u64, c.kda.conv_kernel as u64);
     h * d * d * F32 + k.saturating_sub(1) * 3 * h * d * F32
 }
 
@@ -93,10 +89,7 @@ mod tests {
         assert_eq!(pure_mla_state_bytes(&c, t), 32 * t * 576 * 2);
         assert_eq!(human_bytes(pure_mla_state_bytes(&c, t)), "4.50 GiB");
         // GQA (18 heads → n_kv = 4 under the info rule) at 32K: 32 · 32768 · 2 · 4 · 128 · 2 B = 2 GiB
-        assert_eq!(
-            gqa_baseline_bytes(2304, 32, 32768),
-            32 * 32768 * 2 * 4 * 128 * 2
-        );
+        assert_eq!(gqa_baseline_bytes(2304, 32, 32768), 32 * 32768 * 2 * 4 * 128 * 2);
         // hybrid is ~1/4 of pure MLA at long context
         let ratio = kimi_state_bytes(&c, 1 << 20) as f64 / pure_mla_state_bytes(&c, 1 << 20) as f64;
         assert!((ratio - 0.25).abs() < 0.01, "{ratio}");

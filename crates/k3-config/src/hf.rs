@@ -23,8 +23,8 @@ use std::collections::BTreeSet;
 use serde_json::{json, Map, Value};
 
 use crate::{
-    field_err, Activation, Error, FfnKind, KdaConfig, KdaDecay, KdaOutGate, KimiConfig, LatentMoe,
-    LayerKind, Mixer, MlaConfig, ModelConfig, MoeConfig, Parsed, Result,
+    field_err, Activation, Error, FfnKind, KdaConfig, KdaDecay, KdaOutGate, KimiConfig, LatentMoe, LayerKind, Mixer,
+    MlaConfig, ModelConfig, MoeConfig, Parsed, Result,
 };
 
 /// Fields present in real checkpoints that no K3-Mini model reads. Accepted silently.
@@ -79,11 +79,7 @@ pub(crate) struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     pub(crate) fn new(map: &'a Map<String, Value>, prefix: &'static str) -> Self {
-        Self {
-            map,
-            prefix,
-            used: BTreeSet::new(),
-        }
+        Self { map, prefix, used: BTreeSet::new() }
     }
 
     fn name(&self, key: &str) -> String {
@@ -105,17 +101,13 @@ impl<'a> Reader<'a> {
             None => Ok(None),
             Some(v) => match v.as_u64() {
                 Some(n) => Ok(Some(n as usize)),
-                None => field_err(
-                    self.name(key),
-                    format!("expected a non-negative integer, got {v}"),
-                ),
+                None => field_err(self.name(key), format!("expected a non-negative integer, got {v}")),
             },
         }
     }
 
     pub(crate) fn usize_req(&mut self, key: &str) -> Result<usize> {
-        self.usize_opt(key)?
-            .ok_or_else(|| Error::Missing(self.name(key)))
+        self.usize_opt(key)?.ok_or_else(|| Error::Missing(self.name(key)))
     }
 
     pub(crate) fn usize_or(&mut self, key: &str, default: usize) -> Result<usize> {
@@ -169,9 +161,7 @@ impl<'a> Reader<'a> {
                 .iter()
                 .map(|v| v.as_u64().map(|x| x as u32).ok_or(()))
                 .collect::<std::result::Result<Vec<_>, _>>()
-                .or_else(|_| {
-                    field_err(self.name(key), "expected an integer or a list of integers")
-                }),
+                .or_else(|_| field_err(self.name(key), "expected an integer or a list of integers")),
             Some(v) => match v.as_u64() {
                 Some(x) => Ok(vec![x as u32]),
                 None => field_err(self.name(key), format!("expected an integer, got {v}")),
@@ -206,25 +196,14 @@ pub fn parse_config(text: &str) -> Result<Parsed<ModelConfig>> {
     match model_type {
         "kimi_linear" | "kimi_k3" => {
             let p = parse_kimi(&map)?;
-            Ok(Parsed {
-                config: ModelConfig::Kimi(p.config),
-                warnings: p.warnings,
-            })
+            Ok(Parsed { config: ModelConfig::Kimi(p.config), warnings: p.warnings })
         }
         "llama" => {
             let p = crate::llama::parse_llama(&map)?;
-            Ok(Parsed {
-                config: ModelConfig::Llama(p.config),
-                warnings: p.warnings,
-            })
+            Ok(Parsed { config: ModelConfig::Llama(p.config), warnings: p.warnings })
         }
-        "" => Err(Error::Missing(
-            "model_type (one of \"kimi_linear\", \"llama\")".into(),
-        )),
-        other => field_err(
-            "model_type",
-            format!("unsupported `{other}`; allowed: \"kimi_linear\", \"llama\""),
-        ),
+        "" => Err(Error::Missing("model_type (one of \"kimi_linear\", \"llama\")".into())),
+        other => field_err("model_type", format!("unsupported `{other}`; allowed: \"kimi_linear\", \"llama\"")),
     }
 }
 
@@ -259,40 +238,22 @@ pub fn parse_kimi(map: &Map<String, Value>) -> Result<Parsed<KimiConfig>> {
     let flat_ck = r.usize_opt("linear_conv_kernel_dim")?;
     let kda_head_dim = lac.usize_opt("head_dim")?.or(flat_hd).unwrap_or(128);
     let kda_heads = lac.usize_opt("num_heads")?.or(flat_nh).unwrap_or(32);
-    let conv_kernel = lac
-        .usize_opt("short_conv_kernel_size")?
-        .or(flat_ck)
-        .unwrap_or(4);
+    let conv_kernel = lac.usize_opt("short_conv_kernel_size")?.or(flat_ck).unwrap_or(4);
     let decay = match lac.f64_opt("gate_lower_bound")? {
         Some(lb) => KdaDecay::LowerBound(lb as f32),
         None => KdaDecay::Softplus,
     };
-    let out_gate = if lac.bool_or("use_full_rank_gate", false)? {
-        KdaOutGate::FullRank
-    } else {
-        KdaOutGate::LowRank
-    };
+    let out_gate = if lac.bool_or("use_full_rank_gate", false)? { KdaOutGate::FullRank } else { KdaOutGate::LowRank };
     let mixers = resolve_mixers(&mut r, &mut lac, n_layers, &mut warnings)?;
-    warnings.extend(
-        lac.unknown(&["safe_gate"])
-            .into_iter()
-            .map(|k| format!("unknown config field `{k}` ignored")),
-    );
+    warnings.extend(lac.unknown(&["safe_gate"]).into_iter().map(|k| format!("unknown config field `{k}` ignored")));
 
     // ---- FFN kinds ----
     let ffns = resolve_ffns(&mut r, n_layers, &mut warnings)?;
-    let layers: Vec<LayerKind> = mixers
-        .into_iter()
-        .zip(ffns)
-        .map(|(mixer, ffn)| LayerKind { mixer, ffn })
-        .collect();
+    let layers: Vec<LayerKind> = mixers.into_iter().zip(ffns).map(|(mixer, ffn)| LayerKind { mixer, ffn }).collect();
 
     // ---- MLA ----
     if map.get("mla_use_nope").and_then(Value::as_bool) == Some(false) {
-        return field_err(
-            "mla_use_nope",
-            "only NoPE MLA (true) is supported, as in every Kimi checkpoint",
-        );
+        return field_err("mla_use_nope", "only NoPE MLA (true) is supported, as in every Kimi checkpoint");
     }
     let mla = MlaConfig {
         num_heads,
@@ -306,39 +267,22 @@ pub fn parse_kimi(map: &Map<String, Value>) -> Result<Parsed<KimiConfig>> {
     };
 
     // ---- MoE (Moonshot names win over transformers' aliases) ----
-    if let Some(f) = map
-        .get("moe_router_activation_func")
-        .and_then(Value::as_str)
-    {
+    if let Some(f) = map.get("moe_router_activation_func").and_then(Value::as_str) {
         if f != "sigmoid" {
-            return field_err(
-                "moe_router_activation_func",
-                format!("only \"sigmoid\" is supported, got \"{f}\""),
-            );
+            return field_err("moe_router_activation_func", format!("only \"sigmoid\" is supported, got \"{f}\""));
         }
     }
     let latent = match r.usize_opt("routed_expert_hidden_size")? {
-        Some(dim) => Some(LatentMoe {
-            dim,
-            use_norm: r.bool_or("latent_moe_use_norm", true)?,
-        }),
+        Some(dim) => Some(LatentMoe { dim, use_norm: r.bool_or("latent_moe_use_norm", true)? }),
         None => {
             r.get("latent_moe_use_norm");
             None
         }
     };
-    let renormalize = match r
-        .get("moe_renormalize")
-        .or_else(|| map.get("norm_topk_prob").filter(|v| !v.is_null()))
-    {
+    let renormalize = match r.get("moe_renormalize").or_else(|| map.get("norm_topk_prob").filter(|v| !v.is_null())) {
         None => true,
         Some(Value::Bool(b)) => *b,
-        Some(v) => {
-            return field_err(
-                "moe_renormalize",
-                format!("expected true or false, got {v}"),
-            )
-        }
+        Some(v) => return field_err("moe_renormalize", format!("expected true or false, got {v}")),
     };
     r.get("norm_topk_prob");
     let moe = MoeConfig {
@@ -360,12 +304,7 @@ pub fn parse_kimi(map: &Map<String, Value>) -> Result<Parsed<KimiConfig>> {
             beta: r.f64_or("activation_situ_beta", 4.0)? as f32,
             linear_beta: r.f64_or("activation_situ_linear_beta", 25.0)? as f32,
         },
-        other => {
-            return field_err(
-                "hidden_act",
-                format!("unsupported \"{other}\"; allowed: \"silu\", \"situ\""),
-            )
-        }
+        other => return field_err("hidden_act", format!("unsupported \"{other}\"; allowed: \"silu\", \"situ\"")),
     };
     if activation == Activation::Silu {
         for k in ["activation_situ_beta", "activation_situ_linear_beta"] {
@@ -383,13 +322,7 @@ pub fn parse_kimi(map: &Map<String, Value>) -> Result<Parsed<KimiConfig>> {
         intermediate_size: r.usize_or("intermediate_size", 9216)?,
         layers,
         rms_norm_eps: r.f64_or("rms_norm_eps", 1e-5)?,
-        kda: KdaConfig {
-            num_heads: kda_heads,
-            head_dim: kda_head_dim,
-            conv_kernel,
-            decay,
-            out_gate,
-        },
+        kda: KdaConfig { num_heads: kda_heads, head_dim: kda_head_dim, conv_kernel, decay, out_gate },
         mla,
         moe,
         activation,
@@ -401,9 +334,7 @@ pub fn parse_kimi(map: &Map<String, Value>) -> Result<Parsed<KimiConfig>> {
             if map.contains_key("eos_token_id") {
                 ids
             } else {
-                special_id(&mut r, "eos_token_id", 163_586, vocab_size, &mut warnings)?
-                    .into_iter()
-                    .collect()
+                special_id(&mut r, "eos_token_id", 163_586, vocab_size, &mut warnings)?.into_iter().collect()
             }
         },
         pad_token_id: special_id(&mut r, "pad_token_id", 163_839, vocab_size, &mut warnings)?,
@@ -416,21 +347,11 @@ pub fn parse_kimi(map: &Map<String, Value>) -> Result<Parsed<KimiConfig>> {
         );
     }
     if map.contains_key("quantization_config") {
-        return field_err(
-            "quantization_config",
-            "quantized HF checkpoints are not supported; give an f32/bf16 one",
-        );
+        return field_err("quantization_config", "quantized HF checkpoints are not supported; give an f32/bf16 one");
     }
-    warnings.extend(
-        r.unknown(KNOWN_IGNORED)
-            .into_iter()
-            .map(|k| format!("unknown config field `{k}` ignored")),
-    );
+    warnings.extend(r.unknown(KNOWN_IGNORED).into_iter().map(|k| format!("unknown config field `{k}` ignored")));
     cfg.validate()?;
-    Ok(Parsed {
-        config: cfg,
-        warnings,
-    })
+    Ok(Parsed { config: cfg, warnings })
 }
 
 /// transformers' defaults for special ids are Kimi tokenizer ids; warn when they cannot fit.
@@ -456,12 +377,7 @@ fn special_id(
     Ok(Some(default))
 }
 
-fn resolve_mixers(
-    r: &mut Reader,
-    lac: &mut Reader,
-    n: usize,
-    warnings: &mut Vec<String>,
-) -> Result<Vec<Mixer>> {
+fn resolve_mixers(r: &mut Reader, lac: &mut Reader, n: usize, warnings: &mut Vec<String>) -> Result<Vec<Mixer>> {
     let full = lac.get("full_attn_layers");
     let kda = lac.get("kda_layers");
     let from_lists = match (full, kda) {
@@ -477,15 +393,9 @@ fn resolve_mixers(
         }
     };
     if let Some(v) = r.get("layer_types") {
-        let list = v
-            .as_array()
-            .ok_or(())
-            .or_else(|_| field_err("layer_types", "expected a list of strings"))?;
+        let list = v.as_array().ok_or(()).or_else(|_| field_err("layer_types", "expected a list of strings"))?;
         if list.len() != n {
-            return field_err(
-                "layer_types",
-                format!("has {} entries but num_hidden_layers is {n}", list.len()),
-            );
+            return field_err("layer_types", format!("has {} entries but num_hidden_layers is {n}", list.len()));
         }
         let mixers = list
             .iter()
@@ -494,9 +404,7 @@ fn resolve_mixers(
                 Some("full_attention") => Ok(Mixer::Mla),
                 _ => field_err(
                     "layer_types",
-                    format!(
-                        "entry {s} not allowed; allowed: \"linear_attention\", \"full_attention\""
-                    ),
+                    format!("entry {s} not allowed; allowed: \"linear_attention\", \"full_attention\""),
                 ),
             })
             .collect::<Result<Vec<_>>>()?;
@@ -520,37 +428,24 @@ fn resolve_mixers(
 fn mixers_from_lists(full: &Value, kda: &Value, n: usize) -> Result<Vec<Mixer>> {
     let ids = |v: &Value, name: &str| -> Result<Vec<usize>> {
         let field = format!("linear_attn_config.{name}");
-        let a = v
-            .as_array()
-            .ok_or(())
-            .or_else(|_| field_err(&field, "expected a list of 1-indexed layer ids"))?;
+        let a = v.as_array().ok_or(()).or_else(|_| field_err(&field, "expected a list of 1-indexed layer ids"))?;
         a.iter()
             .map(|x| match x.as_u64() {
                 Some(i) if i >= 1 && (i as usize) <= n => Ok(i as usize - 1),
-                _ => field_err(
-                    &field,
-                    format!("entry {x} is not a 1-indexed layer id in 1..={n}"),
-                ),
+                _ => field_err(&field, format!("entry {x} is not a 1-indexed layer id in 1..={n}")),
             })
             .collect()
     };
     let mut out: Vec<Option<Mixer>> = vec![None; n];
     for (list, kind, name) in [
-        (
-            ids(full, "full_attn_layers")?,
-            Mixer::Mla,
-            "full_attn_layers",
-        ),
+        (ids(full, "full_attn_layers")?, Mixer::Mla, "full_attn_layers"),
         (ids(kda, "kda_layers")?, Mixer::Kda, "kda_layers"),
     ] {
         for i in list {
             if out[i].is_some_and(|m| m != kind) {
                 return field_err(
                     format!("linear_attn_config.{name}"),
-                    format!(
-                        "layer {} is listed in both full_attn_layers and kda_layers",
-                        i + 1
-                    ),
+                    format!("layer {} is listed in both full_attn_layers and kda_layers", i + 1),
                 );
             }
             out[i] = Some(kind);
@@ -571,35 +466,24 @@ fn mixers_from_lists(full: &Value, kda: &Value, n: usize) -> Result<Vec<Mixer>> 
 
 fn resolve_ffns(r: &mut Reader, n: usize, warnings: &mut Vec<String>) -> Result<Vec<FfnKind>> {
     let k = r.usize_opt("first_k_dense_replace")?;
-    let from_k = |k: usize| {
-        (0..n)
-            .map(|i| if i < k { FfnKind::Dense } else { FfnKind::Moe })
-            .collect::<Vec<_>>()
-    };
+    let from_k = |k: usize| (0..n).map(|i| if i < k { FfnKind::Dense } else { FfnKind::Moe }).collect::<Vec<_>>();
     if let Some(v) = r.get("mlp_layer_types") {
-        let list = v
-            .as_array()
-            .ok_or(())
-            .or_else(|_| field_err("mlp_layer_types", "expected a list of strings"))?;
+        let list = v.as_array().ok_or(()).or_else(|_| field_err("mlp_layer_types", "expected a list of strings"))?;
         if list.len() != n {
-            return field_err(
-                "mlp_layer_types",
-                format!("has {} entries but num_hidden_layers is {n}", list.len()),
-            );
+            return field_err("mlp_layer_types", format!("has {} entries but num_hidden_layers is {n}", list.len()));
         }
         let ffns = list
             .iter()
             .map(|s| match s.as_str() {
                 Some("dense") => Ok(FfnKind::Dense),
                 Some("sparse") => Ok(FfnKind::Moe),
-                _ => field_err(
-                    "mlp_layer_types",
-                    format!("entry {s} not allowed; allowed: \"dense\", \"sparse\""),
-                ),
+                _ => field_err("mlp_layer_types", format!("entry {s} not allowed; allowed: \"dense\", \"sparse\"")),
             })
             .collect::<Result<Vec<_>>>()?;
         if k.is_some_and(|k| from_k(k) != ffns) {
-            warnings.push("mlp_layer_types and first_k_dense_replace disagree; mlp_layer_types wins (as in transformers)".into());
+            warnings.push(
+                "mlp_layer_types and first_k_dense_replace disagree; mlp_layer_types wins (as in transformers)".into(),
+            );
         }
         return Ok(ffns);
     }
@@ -610,12 +494,7 @@ fn resolve_ffns(r: &mut Reader, n: usize, warnings: &mut Vec<String>) -> Result<
 /// so it loads in transformers and in both llama.cpp converters.
 pub fn kimi_to_json(c: &KimiConfig) -> Value {
     let one_indexed = |m: Mixer| -> Vec<usize> {
-        c.layers
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| l.mixer == m)
-            .map(|(i, _)| i + 1)
-            .collect()
+        c.layers.iter().enumerate().filter(|(_, l)| l.mixer == m).map(|(i, _)| i + 1).collect()
     };
     let k3 = c.profile() == crate::Profile::K3;
     let mut lac = json!({
@@ -631,11 +510,7 @@ pub fn kimi_to_json(c: &KimiConfig) -> Value {
     if c.kda.out_gate == KdaOutGate::FullRank {
         lac["use_full_rank_gate"] = json!(true);
     }
-    let arch = if k3 {
-        "KimiK3ForConditionalGeneration"
-    } else {
-        "KimiLinearForCausalLM"
-    };
+    let arch = if k3 { "KimiK3ForConditionalGeneration" } else { "KimiLinearForCausalLM" };
     let mut m = Map::new();
     let mut put = |k: &str, v: Value| {
         m.insert(k.to_string(), v);
@@ -692,39 +567,13 @@ pub fn kimi_to_json(c: &KimiConfig) -> Value {
         put("attn_res_block_size", json!(b));
     }
     put("linear_attn_config", lac);
-    let lt: Vec<&str> = c
-        .layers
-        .iter()
-        .map(|l| {
-            if l.mixer == Mixer::Mla {
-                "full_attention"
-            } else {
-                "linear_attention"
-            }
-        })
-        .collect();
-    let mt: Vec<&str> = c
-        .layers
-        .iter()
-        .map(|l| {
-            if l.ffn == FfnKind::Moe {
-                "sparse"
-            } else {
-                "dense"
-            }
-        })
-        .collect();
+    let lt: Vec<&str> =
+        c.layers.iter().map(|l| if l.mixer == Mixer::Mla { "full_attention" } else { "linear_attention" }).collect();
+    let mt: Vec<&str> = c.layers.iter().map(|l| if l.ffn == FfnKind::Moe { "sparse" } else { "dense" }).collect();
     put("layer_types", json!(lt));
     put("mlp_layer_types", json!(mt));
     put("bos_token_id", json!(c.bos_token_id));
-    put(
-        "eos_token_id",
-        if c.eos_token_id.len() == 1 {
-            json!(c.eos_token_id[0])
-        } else {
-            json!(c.eos_token_id)
-        },
-    );
+    put("eos_token_id", if c.eos_token_id.len() == 1 { json!(c.eos_token_id[0]) } else { json!(c.eos_token_id) });
     put("pad_token_id", json!(c.pad_token_id));
     put("torch_dtype", json!("float32"));
     Value::Object(m)

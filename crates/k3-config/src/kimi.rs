@@ -171,10 +171,7 @@ impl KimiConfig {
 
     /// Number of leading dense layers (`first_k_dense_replace`).
     pub fn first_k_dense(&self) -> usize {
-        self.layers
-            .iter()
-            .take_while(|l| l.ffn == FfnKind::Dense)
-            .count()
+        self.layers.iter().take_while(|l| l.ffn == FfnKind::Dense).count()
     }
 
     /// True when the dense layers are exactly a prefix, so `first_k_dense_replace` describes them.
@@ -188,10 +185,7 @@ impl KimiConfig {
         (0..n_layers)
             .map(|i| {
                 let mla = (i + 1) % 4 == 0 || i + 1 == n_layers;
-                LayerKind {
-                    mixer: if mla { Mixer::Mla } else { Mixer::Kda },
-                    ffn: ffn(i),
-                }
+                LayerKind { mixer: if mla { Mixer::Mla } else { Mixer::Kda }, ffn: ffn(i) }
             })
             .collect()
     }
@@ -211,18 +205,12 @@ impl KimiConfig {
             return field_err("num_hidden_layers", "must be > 0");
         }
         if self.rms_norm_eps.is_nan() || self.rms_norm_eps <= 0.0 {
-            return field_err(
-                "rms_norm_eps",
-                format!("must be > 0, got {}", self.rms_norm_eps),
-            );
+            return field_err("rms_norm_eps", format!("must be > 0, got {}", self.rms_norm_eps));
         }
         if self.count_mixer(Mixer::Kda) > 0 {
             pos("linear_attn_config.num_heads", self.kda.num_heads)?;
             pos("linear_attn_config.head_dim", self.kda.head_dim)?;
-            pos(
-                "linear_attn_config.short_conv_kernel_size",
-                self.kda.conv_kernel,
-            )?;
+            pos("linear_attn_config.short_conv_kernel_size", self.kda.conv_kernel)?;
             if let KdaDecay::LowerBound(lb) = self.kda.decay {
                 if !(lb < 0.0 && lb.is_finite()) {
                     return field_err(
@@ -237,10 +225,7 @@ impl KimiConfig {
             pos("kv_lora_rank", self.mla.kv_lora_rank)?;
             pos("v_head_dim", self.mla.v_head_dim)?;
             if self.mla.qk_head_dim() == 0 {
-                return field_err(
-                    "qk_nope_head_dim",
-                    "qk_nope_head_dim + qk_rope_head_dim must be > 0",
-                );
+                return field_err("qk_nope_head_dim", "qk_nope_head_dim + qk_rope_head_dim must be > 0");
             }
             if self.mla.q_lora_rank == Some(0) {
                 return field_err("q_lora_rank", "must be > 0 or null");
@@ -256,45 +241,30 @@ impl KimiConfig {
             if m.top_k == 0 || m.top_k > m.num_experts {
                 return field_err(
                     "num_experts_per_token",
-                    format!(
-                        "must be in 1..={} (num_experts), got {}",
-                        m.num_experts, m.top_k
-                    ),
+                    format!("must be in 1..={} (num_experts), got {}", m.num_experts, m.top_k),
                 );
             }
             if m.num_expert_group == 0 || !m.num_experts.is_multiple_of(m.num_expert_group) {
                 return field_err(
                     "num_expert_group",
-                    format!(
-                        "must divide num_experts ({}), got {}",
-                        m.num_experts, m.num_expert_group
-                    ),
+                    format!("must divide num_experts ({}), got {}", m.num_experts, m.num_expert_group),
                 );
             }
             let group = m.num_experts / m.num_expert_group;
             if m.num_expert_group > 1 && group < 2 {
-                return field_err(
-                    "num_expert_group",
-                    "group-limited routing needs at least 2 experts per group",
-                );
+                return field_err("num_expert_group", "group-limited routing needs at least 2 experts per group");
             }
             // With a single group, topk_group is meaningless (plain top-k routing).
             if m.num_expert_group > 1 && (m.topk_group == 0 || m.topk_group > m.num_expert_group) {
                 return field_err(
                     "topk_group",
-                    format!(
-                        "must be in 1..={} (num_expert_group), got {}",
-                        m.num_expert_group, m.topk_group
-                    ),
+                    format!("must be in 1..={} (num_expert_group), got {}", m.num_expert_group, m.topk_group),
                 );
             }
             if m.num_expert_group > 1 && m.top_k > m.topk_group * group {
                 return field_err(
                     "num_experts_per_token",
-                    format!(
-                        "{} experts cannot be chosen from {} groups of {}",
-                        m.top_k, m.topk_group, group
-                    ),
+                    format!("{} experts cannot be chosen from {} groups of {}", m.top_k, m.topk_group, group),
                 );
             }
             if let Some(l) = m.latent {
@@ -307,10 +277,7 @@ impl KimiConfig {
             }
         }
         if self.attn_res_block_size == Some(0) {
-            return field_err(
-                "attn_res_block_size",
-                "must be >= 1 (omit the field, or use null, for no AttnRes)",
-            );
+            return field_err("attn_res_block_size", "must be >= 1 (omit the field, or use null, for no AttnRes)");
         }
         Ok(())
     }

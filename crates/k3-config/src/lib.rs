@@ -15,8 +15,8 @@ mod llama;
 pub mod presets;
 
 pub use kimi::{
-    Activation, FfnKind, KdaConfig, KdaDecay, KdaOutGate, KimiConfig, LatentMoe, LayerKind, Mixer,
-    MlaConfig, MoeConfig, Profile,
+    Activation, FfnKind, KdaConfig, KdaDecay, KdaOutGate, KimiConfig, LatentMoe, LayerKind, Mixer, MlaConfig,
+    MoeConfig, Profile,
 };
 pub use llama::LlamaConfig;
 
@@ -37,10 +37,7 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 /// Return an [`Error::Field`] naming `field`.
 pub(crate) fn field_err<T>(field: impl Into<String>, msg: impl Into<String>) -> Result<T> {
-    Err(Error::Field {
-        field: field.into(),
-        msg: msg.into(),
-    })
+    Err(Error::Field { field: field.into(), msg: msg.into() })
 }
 
 /// Any model the project can build: the Kimi/K3 hybrid or the Llama baseline.

@@ -69,16 +69,10 @@ impl LlamaConfig {
                 return field_err(name, "must be > 0");
             }
         }
-        if !self
-            .num_attention_heads
-            .is_multiple_of(self.num_key_value_heads)
-        {
+        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
             return field_err(
                 "num_key_value_heads",
-                format!(
-                    "must divide num_attention_heads ({})",
-                    self.num_attention_heads
-                ),
+                format!("must divide num_attention_heads ({})", self.num_attention_heads),
             );
         }
         if !self.head_dim.is_multiple_of(2) {
@@ -95,12 +89,7 @@ pub(crate) fn parse_llama(map: &Map<String, Value>) -> Result<Parsed<LlamaConfig
     let heads = r.usize_req("num_attention_heads")?;
     match r.str_opt("hidden_act")?.unwrap_or("silu") {
         "silu" | "swish" => {}
-        other => {
-            return field_err(
-                "hidden_act",
-                format!("unsupported \"{other}\"; allowed: \"silu\""),
-            )
-        }
+        other => return field_err("hidden_act", format!("unsupported \"{other}\"; allowed: \"silu\"")),
     }
     // transformers 5 writes rope_parameters {rope_theta, rope_type}; older configs write rope_theta.
     let mut rope_theta = r.f64_opt("rope_theta")?;
@@ -118,10 +107,7 @@ pub(crate) fn parse_llama(map: &Map<String, Value>) -> Result<Parsed<LlamaConfig
         }
     }
     if map.get("rope_scaling").is_some_and(|v| !v.is_null()) {
-        return field_err(
-            "rope_scaling",
-            "RoPE scaling is not supported; use a config without it",
-        );
+        return field_err("rope_scaling", "RoPE scaling is not supported; use a config without it");
     }
     let cfg = LlamaConfig {
         vocab_size: r.usize_req("vocab_size")?,
@@ -141,16 +127,9 @@ pub(crate) fn parse_llama(map: &Map<String, Value>) -> Result<Parsed<LlamaConfig
         eos_token_id: r.token_ids("eos_token_id")?,
         pad_token_id: r.token_ids("pad_token_id")?.first().copied(),
     };
-    warnings.extend(
-        r.unknown(LLAMA_IGNORED)
-            .into_iter()
-            .map(|k| format!("unknown config field `{k}` ignored")),
-    );
+    warnings.extend(r.unknown(LLAMA_IGNORED).into_iter().map(|k| format!("unknown config field `{k}` ignored")));
     cfg.validate()?;
-    Ok(Parsed {
-        config: cfg,
-        warnings,
-    })
+    Ok(Parsed { config: cfg, warnings })
 }
 
 pub(crate) fn llama_to_json(c: &LlamaConfig) -> Value {

@@ -1,18 +1,30 @@
 //! Named presets. Each is marked with the export profile it targets (interop.md §0).
 
 use crate::{
-    Activation, FfnKind, KdaConfig, KdaDecay, KdaOutGate, KimiConfig, LatentMoe, LayerKind,
-    LlamaConfig, Mixer, MlaConfig, ModelConfig, MoeConfig, Profile, Result,
+    Activation, FfnKind, KdaConfig, KdaDecay, KdaOutGate, KimiConfig, LatentMoe, LayerKind, LlamaConfig, Mixer,
+    MlaConfig, ModelConfig, MoeConfig, Profile, Result,
 };
 
 /// `(name, target profile, one-line description)` for every preset.
 pub const PRESETS: &[(&str, &str, &str)] = &[
     ("tiny", "Kimi-Linear", "d 192, 8 layers (6 KDA + 2 MLA), dense SwiGLU 512, vocab 4096: ~5.3M params"),
-    ("tiny-k3", "K3", "tiny with K3's whole stack: lower-bound gate, full-rank gate, gated MLA, AttnRes 2, SiTU, latent MoE"),
+    (
+        "tiny-k3",
+        "K3",
+        "tiny with K3's whole stack: lower-bound gate, full-rank gate, gated MLA, AttnRes 2, SiTU, latent MoE",
+    ),
     ("tiny-kda", "Kimi-Linear", "tiny with every layer KDA (the all-KDA ablation)"),
     ("tiny-llama", "llama", "the ordinary Transformer (GQA + RoPE + SwiGLU) at tiny's size"),
-    ("small", "Kimi-Linear", "architecture.md §8 config B: d 512, 12 layers (9 KDA + 3 MLA), ~47.7M params at vocab 8192"),
-    ("3b", "K3", "architecture.md §8 config C: d 2304, 32 layers (24 KDA + 8 MLA), dense SiTU-GLU, 128K context (config only)"),
+    (
+        "small",
+        "Kimi-Linear",
+        "architecture.md §8 config B: d 512, 12 layers (9 KDA + 3 MLA), ~47.7M params at vocab 8192",
+    ),
+    (
+        "3b",
+        "K3",
+        "architecture.md §8 config C: d 2304, 32 layers (24 KDA + 8 MLA), dense SiTU-GLU, 128K context (config only)",
+    ),
 ];
 
 /// Build a preset by name; `vocab` overrides the preset's vocabulary size (e.g. a tokenizer's).
@@ -26,10 +38,7 @@ pub fn preset(name: &str, vocab: Option<usize>) -> Result<ModelConfig> {
         "3b" => ModelConfig::Kimi(k3_3b()),
         other => {
             let names: Vec<&str> = PRESETS.iter().map(|p| p.0).collect();
-            return crate::field_err(
-                "preset",
-                format!("unknown preset `{other}`; allowed: {}", names.join(", ")),
-            );
+            return crate::field_err("preset", format!("unknown preset `{other}`; allowed: {}", names.join(", ")));
         }
     };
     if let Some(v) = vocab {
@@ -105,10 +114,7 @@ pub fn tiny_k3() -> KimiConfig {
     c.kda.out_gate = KdaOutGate::FullRank;
     c.mla.output_gate = true;
     c.attn_res_block_size = Some(2);
-    c.activation = Activation::Situ {
-        beta: 4.0,
-        linear_beta: 25.0,
-    };
+    c.activation = Activation::Situ { beta: 4.0, linear_beta: 25.0 };
     c.layers = KimiConfig::hybrid_layout(8, |i| if i == 0 { FfnKind::Dense } else { FfnKind::Moe });
     c.moe = MoeConfig {
         num_experts: 8,
@@ -119,10 +125,7 @@ pub fn tiny_k3() -> KimiConfig {
         renormalize: true,
         num_expert_group: 1,
         topk_group: 1,
-        latent: Some(LatentMoe {
-            dim: 96,
-            use_norm: true,
-        }),
+        latent: Some(LatentMoe { dim: 96, use_norm: true }),
     };
     c
 }
@@ -130,13 +133,7 @@ pub fn tiny_k3() -> KimiConfig {
 /// The all-KDA ablation at tiny's size (no MLA layer at all).
 pub fn tiny_all_kda() -> KimiConfig {
     let mut c = tiny();
-    c.layers = vec![
-        LayerKind {
-            mixer: Mixer::Kda,
-            ffn: FfnKind::Dense
-        };
-        8
-    ];
+    c.layers = vec![LayerKind { mixer: Mixer::Kda, ffn: FfnKind::Dense }; 8];
     c
 }
 
@@ -223,10 +220,7 @@ pub fn k3_3b() -> KimiConfig {
             attention_bias: false,
         },
         moe: unused_moe(),
-        activation: Activation::Situ {
-            beta: 4.0,
-            linear_beta: 25.0,
-        },
+        activation: Activation::Situ { beta: 4.0, linear_beta: 25.0 },
         attn_res_block_size: Some(4),
         max_position_embeddings: 131_072,
         bos_token_id: Some(163_584),

@@ -5,12 +5,8 @@ use k3_config::{hf, Activation, FfnKind, KdaDecay, KdaOutGate, Mixer, ModelConfi
 use serde_json::Value;
 
 fn cases() -> serde_json::Map<String, Value> {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../tests/golden/config_cases.json"
-    );
-    let text =
-        std::fs::read_to_string(path).expect("tests/golden/config_cases.json (run scripts/golden)");
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/golden/config_cases.json");
+    let text = std::fs::read_to_string(path).expect("tests/golden/config_cases.json (run scripts/golden)");
     match serde_json::from_str(&text).expect("json") {
         Value::Object(m) => m,
         _ => panic!("config_cases.json must be an object"),
@@ -29,56 +25,28 @@ fn every_case_matches_transformers() {
         let input = serde_json::to_string(&case["input"]).expect("json");
         let ours = hf::parse_config(&input);
         if let Some(err) = case.get("error") {
-            let e = ours
-                .err()
-                .unwrap_or_else(|| panic!("{name}: transformers raised `{err}`, we accepted it"));
+            let e = ours.err().unwrap_or_else(|| panic!("{name}: transformers raised `{err}`, we accepted it"));
             let msg = e.to_string();
-            assert!(
-                msg.contains("layer_types") || msg.contains("linear_attn_config"),
-                "{name}: {msg}"
-            );
+            assert!(msg.contains("layer_types") || msg.contains("linear_attn_config"), "{name}: {msg}");
             continue;
         }
-        let parsed =
-            ours.unwrap_or_else(|e| panic!("{name}: transformers accepted it, we refused: {e}"));
-        let ModelConfig::Kimi(c) = parsed.config else {
-            panic!("{name}: not a Kimi config")
-        };
+        let parsed = ours.unwrap_or_else(|e| panic!("{name}: transformers accepted it, we refused: {e}"));
+        let ModelConfig::Kimi(c) = parsed.config else { panic!("{name}: not a Kimi config") };
         let r = &case["resolved"];
         let lt: Vec<Mixer> = r["layer_types"]
             .as_array()
             .expect("list")
             .iter()
-            .map(|s| {
-                if s == "full_attention" {
-                    Mixer::Mla
-                } else {
-                    Mixer::Kda
-                }
-            })
+            .map(|s| if s == "full_attention" { Mixer::Mla } else { Mixer::Kda })
             .collect();
         let mt: Vec<FfnKind> = r["mlp_layer_types"]
             .as_array()
             .expect("list")
             .iter()
-            .map(|s| {
-                if s == "sparse" {
-                    FfnKind::Moe
-                } else {
-                    FfnKind::Dense
-                }
-            })
+            .map(|s| if s == "sparse" { FfnKind::Moe } else { FfnKind::Dense })
             .collect();
-        assert_eq!(
-            c.layers.iter().map(|l| l.mixer).collect::<Vec<_>>(),
-            lt,
-            "{name}: layer_types"
-        );
-        assert_eq!(
-            c.layers.iter().map(|l| l.ffn).collect::<Vec<_>>(),
-            mt,
-            "{name}: mlp_layer_types"
-        );
+        assert_eq!(c.layers.iter().map(|l| l.mixer).collect::<Vec<_>>(), lt, "{name}: layer_types");
+        assert_eq!(c.layers.iter().map(|l| l.ffn).collect::<Vec<_>>(), mt, "{name}: mlp_layer_types");
         let checks = [
             ("vocab_size", c.vocab_size),
             ("hidden_size", c.hidden_size),
@@ -102,25 +70,10 @@ fn every_case_matches_transformers() {
         for (k, ours) in checks {
             assert_eq!(ours, as_usize(&r[k]), "{name}: {k}");
         }
-        assert_eq!(
-            c.moe.renormalize,
-            r["norm_topk_prob"].as_bool().expect("bool"),
-            "{name}: norm_topk_prob"
-        );
-        assert_eq!(
-            c.mla.attention_bias,
-            r["attention_bias"].as_bool().expect("bool"),
-            "{name}: attention_bias"
-        );
-        assert_eq!(
-            c.mla.q_lora_rank,
-            r["q_lora_rank"].as_u64().map(|x| x as usize),
-            "{name}: q_lora_rank"
-        );
-        assert!(
-            (c.moe.routed_scaling_factor - r["routed_scaling_factor"].as_f64().expect("f64")).abs()
-                < 1e-12
-        );
+        assert_eq!(c.moe.renormalize, r["norm_topk_prob"].as_bool().expect("bool"), "{name}: norm_topk_prob");
+        assert_eq!(c.mla.attention_bias, r["attention_bias"].as_bool().expect("bool"), "{name}: attention_bias");
+        assert_eq!(c.mla.q_lora_rank, r["q_lora_rank"].as_u64().map(|x| x as usize), "{name}: q_lora_rank");
+        assert!((c.moe.routed_scaling_factor - r["routed_scaling_factor"].as_f64().expect("f64")).abs() < 1e-12);
         assert!((c.rms_norm_eps - r["rms_norm_eps"].as_f64().expect("f64")).abs() < 1e-15);
 
         // What transformers does not model, we check by name.
@@ -131,39 +84,19 @@ fn every_case_matches_transformers() {
                 assert_eq!(c.kda.out_gate, KdaOutGate::FullRank);
                 assert!(c.mla.output_gate);
                 assert_eq!(c.attn_res_block_size, Some(2));
-                assert_eq!(
-                    c.activation,
-                    Activation::Situ {
-                        beta: 4.0,
-                        linear_beta: 25.0
-                    }
-                );
+                assert_eq!(c.activation, Activation::Situ { beta: 4.0, linear_beta: 25.0 });
                 assert_eq!(c.moe.latent.map(|l| l.dim), Some(48));
             }
             "unknown_field" => {
-                assert!(
-                    parsed
-                        .warnings
-                        .iter()
-                        .any(|w| w.contains("my_custom_field")),
-                    "{:?}",
-                    parsed.warnings
-                );
+                assert!(parsed.warnings.iter().any(|w| w.contains("my_custom_field")), "{:?}", parsed.warnings);
             }
             "moonshot" | "transformers" | "both" => {
                 // Known-but-unused fields (head_dim, auto_map, torch_dtype, qk_head_dim, …) are silent.
-                assert!(
-                    parsed.warnings.iter().all(|w| !w.contains("unknown")),
-                    "{name}: {:?}",
-                    parsed.warnings
-                );
+                assert!(parsed.warnings.iter().all(|w| !w.contains("unknown")), "{name}: {:?}", parsed.warnings);
                 assert_eq!(c.profile(), Profile::KimiLinear);
             }
             "only_full_attn_layers" | "no_layer_lists" => {
-                assert!(
-                    !parsed.warnings.is_empty(),
-                    "{name}: the default-pattern fallback must warn"
-                );
+                assert!(!parsed.warnings.is_empty(), "{name}: the default-pattern fallback must warn");
             }
             _ => {}
         }
@@ -181,12 +114,7 @@ fn write_then_read_is_identity_and_transformers_compatible() {
         // Moonshot fields are always written (llama.cpp's converters need them).
         if let ModelConfig::Kimi(_) = cfg {
             let v: Value = serde_json::from_str(&text).expect("json");
-            for k in [
-                "linear_attn_config",
-                "first_k_dense_replace",
-                "moe_intermediate_size",
-                "num_shared_experts",
-            ] {
+            for k in ["linear_attn_config", "first_k_dense_replace", "moe_intermediate_size", "num_shared_experts"] {
                 assert!(v.get(k).is_some(), "{name}: {k} missing");
             }
         }
@@ -198,16 +126,8 @@ fn invalid_values_name_the_field_and_the_allowed_values() {
     let base = r#""model_type":"kimi_linear","vocab_size":64,"hidden_size":32,"num_hidden_layers":2,"num_attention_heads":2,"layer_types":["linear_attention","full_attention"]"#;
     let cases = [
         (r#""hidden_act":"gelu""#, "hidden_act", "\"silu\", \"situ\""),
-        (
-            r#""layer_types":["linear_attention","sliding_attention"]"#,
-            "layer_types",
-            "\"full_attention\"",
-        ),
-        (
-            r#""num_key_value_heads":1"#,
-            "num_key_value_heads",
-            "must equal",
-        ),
+        (r#""layer_types":["linear_attention","sliding_attention"]"#, "layer_types", "\"full_attention\""),
+        (r#""num_key_value_heads":1"#, "num_key_value_heads", "must equal"),
         (
             r#""mlp_layer_types":["dense","sparse"],"num_experts":4,"num_experts_per_token":9"#,
             "num_experts_per_token",
@@ -219,40 +139,17 @@ fn invalid_values_name_the_field_and_the_allowed_values() {
             "divide",
         ),
         (r#""vocab_size":"big""#, "vocab_size", "integer"),
-        (
-            r#""linear_attn_config":{"gate_lower_bound":1.0}"#,
-            "gate_lower_bound",
-            "< 0",
-        ),
+        (r#""linear_attn_config":{"gate_lower_bound":1.0}"#, "gate_lower_bound", "< 0"),
     ];
     for (extra, field, allowed) in cases {
-        let text = format!("{{{base},{extra}}}").replace(
-            r#""vocab_size":64,"#,
-            if extra.contains("vocab_size") {
-                ""
-            } else {
-                r#""vocab_size":64,"#
-            },
-        );
-        let err = hf::parse_config(&text)
-            .err()
-            .unwrap_or_else(|| panic!("{extra}: accepted"))
-            .to_string();
-        assert!(
-            err.contains(field) && err.contains(allowed),
-            "{extra}: {err}"
-        );
+        let text = format!("{{{base},{extra}}}")
+            .replace(r#""vocab_size":64,"#, if extra.contains("vocab_size") { "" } else { r#""vocab_size":64,"# });
+        let err = hf::parse_config(&text).err().unwrap_or_else(|| panic!("{extra}: accepted")).to_string();
+        assert!(err.contains(field) && err.contains(allowed), "{extra}: {err}");
     }
     let missing = r#"{"model_type":"kimi_linear","hidden_size":32,"num_hidden_layers":2,"num_attention_heads":2}"#;
-    let err = hf::parse_config(missing)
-        .expect_err("missing vocab")
-        .to_string();
+    let err = hf::parse_config(missing).expect_err("missing vocab").to_string();
     assert!(err.contains("vocab_size"), "{err}");
-    let err = hf::parse_config(r#"{"model_type":"gpt2"}"#)
-        .expect_err("bad type")
-        .to_string();
-    assert!(
-        err.contains("model_type") && err.contains("kimi_linear"),
-        "{err}"
-    );
+    let err = hf::parse_config(r#"{"model_type":"gpt2"}"#).expect_err("bad type").to_string();
+    assert!(err.contains("model_type") && err.contains("kimi_linear"), "{err}");
 }

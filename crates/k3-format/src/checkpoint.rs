@@ -6,9 +6,7 @@ use std::path::{Path, PathBuf};
 
 use k3_config::{hf, ModelConfig};
 
-use crate::safetensors_io::{
-    write_atomic, write_safetensors, OwnedData, SafetensorsFile, TensorRef,
-};
+use crate::safetensors_io::{write_atomic, write_safetensors, OwnedData, SafetensorsFile, TensorRef};
 use crate::weights::{tensor_specs, TensorKind, TensorSpec};
 use crate::{io_err, Error, Result};
 
@@ -25,10 +23,7 @@ pub struct Checkpoint {
 pub fn read_config(dir: &Path) -> Result<(ModelConfig, Vec<String>)> {
     let path = dir.join("config.json");
     let text = std::fs::read_to_string(&path).map_err(io_err(&path))?;
-    let parsed = hf::parse_config(&text).map_err(|source| Error::Config {
-        path: path.clone(),
-        source,
-    })?;
+    let parsed = hf::parse_config(&text).map_err(|source| Error::Config { path: path.clone(), source })?;
     Ok((parsed.config, parsed.warnings))
 }
 
@@ -45,22 +40,13 @@ impl Checkpoint {
         let index_path = dir.join("model.safetensors.index.json");
         let shard_names: Vec<String> = if index_path.exists() {
             let text = std::fs::read_to_string(&index_path).map_err(io_err(&index_path))?;
-            let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
-                Error::Invalid(format!("{}: not valid JSON: {e}", index_path.display()))
-            })?;
+            let v: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| Error::Invalid(format!("{}: not valid JSON: {e}", index_path.display())))?;
             let map = v
                 .get("weight_map")
                 .and_then(|m| m.as_object())
-                .ok_or_else(|| {
-                    Error::Invalid(format!(
-                        "{}: missing the `weight_map` object",
-                        index_path.display()
-                    ))
-                })?;
-            let mut names: Vec<String> = map
-                .values()
-                .filter_map(|f| f.as_str().map(str::to_string))
-                .collect();
+                .ok_or_else(|| Error::Invalid(format!("{}: missing the `weight_map` object", index_path.display())))?;
+            let mut names: Vec<String> = map.values().filter_map(|f| f.as_str().map(str::to_string)).collect();
             names.sort();
             names.dedup();
             names
@@ -76,17 +62,9 @@ impl Checkpoint {
             }
             files.push(f);
         }
-        let mut ck = Self {
-            dir: dir.to_path_buf(),
-            config,
-            warnings,
-            files,
-            index,
-        };
-        let expected: std::collections::HashSet<String> = tensor_specs(&ck.config)
-            .into_iter()
-            .flat_map(|s| std::iter::once(s.name).chain(s.alt_name))
-            .collect();
+        let mut ck = Self { dir: dir.to_path_buf(), config, warnings, files, index };
+        let expected: std::collections::HashSet<String> =
+            tensor_specs(&ck.config).into_iter().flat_map(|s| std::iter::once(s.name).chain(s.alt_name)).collect();
         let mut unused: Vec<&String> = ck.index.keys().filter(|n| !expected.contains(*n)).collect();
         unused.sort();
         if !unused.is_empty() {
@@ -110,11 +88,7 @@ impl Checkpoint {
     fn path_of(&self, name: &str) -> PathBuf {
         match self.index.get(name) {
             Some(&i) => self.files[i].path.clone(),
-            None => self
-                .files
-                .first()
-                .map(|f| f.path.clone())
-                .unwrap_or_else(|| self.dir.clone()),
+            None => self.files.first().map(|f| f.path.clone()).unwrap_or_else(|| self.dir.clone()),
         }
     }
 
@@ -136,9 +110,7 @@ impl Checkpoint {
                 })
             }
         };
-        let t = self
-            .tensor(name)
-            .ok_or_else(|| Error::Invalid(format!("tensor `{name}` vanished")))?;
+        let t = self.tensor(name).ok_or_else(|| Error::Invalid(format!("tensor `{name}` vanished")))?;
         let data = t.to_f32()?;
         let n = spec.numel();
         let is_a_log = spec.name.ends_with(".A_log");
@@ -146,10 +118,7 @@ impl Checkpoint {
             || (spec.kind == TensorKind::Conv && t.numel() == n && t.shape.len() >= 2)
             || (is_a_log && t.numel() == n)
             || spec.shape.iter().product::<usize>() == t.numel()
-                && t.shape
-                    .iter()
-                    .filter(|&&x| x != 1)
-                    .eq(spec.shape.iter().filter(|&&x| x != 1));
+                && t.shape.iter().filter(|&&x| x != 1).eq(spec.shape.iter().filter(|&&x| x != 1));
         if ok {
             return Ok(data);
         }
@@ -180,22 +149,15 @@ impl Checkpoint {
 
 /// Write a checkpoint: every tensor of `cfg`'s contract must be given, under its canonical name
 /// and shape. Writes `model.safetensors` then `config.json`, each atomically.
-pub fn save_checkpoint(
-    dir: &Path,
-    cfg: &ModelConfig,
-    tensors: HashMap<String, Vec<f32>>,
-) -> Result<()> {
+pub fn save_checkpoint(dir: &Path, cfg: &ModelConfig, tensors: HashMap<String, Vec<f32>>) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(io_err(dir))?;
     let specs = tensor_specs(cfg);
     let mut tensors = tensors;
     let mut out = Vec::with_capacity(specs.len());
     for s in &specs {
-        let data = tensors.remove(&s.name).ok_or_else(|| {
-            Error::Invalid(format!(
-                "save_checkpoint: tensor `{}` was not provided",
-                s.name
-            ))
-        })?;
+        let data = tensors
+            .remove(&s.name)
+            .ok_or_else(|| Error::Invalid(format!("save_checkpoint: tensor `{}` was not provided", s.name)))?;
         if data.len() != s.numel() {
             return Err(Error::Invalid(format!(
                 "save_checkpoint: tensor `{}` has {} values, shape {:?} needs {}",
@@ -208,9 +170,7 @@ pub fn save_checkpoint(
         out.push((s.name.clone(), s.shape.clone(), OwnedData::F32(data)));
     }
     if let Some(extra) = tensors.keys().next() {
-        return Err(Error::Invalid(format!(
-            "save_checkpoint: tensor `{extra}` is not part of this config"
-        )));
+        return Err(Error::Invalid(format!("save_checkpoint: tensor `{extra}` is not part of this config")));
     }
     let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
     write_safetensors(&dir.join("model.safetensors"), &out, Some(meta))?;

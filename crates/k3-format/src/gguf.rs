@@ -158,11 +158,7 @@ impl<'a> Cursor<'a> {
         ))
     }
     fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
-        let end = self
-            .pos
-            .checked_add(n)
-            .filter(|&e| e <= self.b.len())
-            .ok_or_else(|| self.err(what))?;
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.b.len()).ok_or_else(|| self.err(what))?;
         let s = &self.b[self.pos..end];
         self.pos = end;
         Ok(s)
@@ -173,9 +169,7 @@ impl<'a> Cursor<'a> {
     }
     fn u64(&mut self, what: &str) -> Result<u64> {
         let s = self.take(8, what)?;
-        Ok(u64::from_le_bytes(
-            s.try_into().map_err(|_| self.err(what))?,
-        ))
+        Ok(u64::from_le_bytes(s.try_into().map_err(|_| self.err(what))?))
     }
     fn string(&mut self, what: &str) -> Result<String> {
         let n = self.u64(what)? as usize;
@@ -231,11 +225,7 @@ impl GgufFile {
         let file = std::fs::File::open(path).map_err(io_err(path))?;
         // SAFETY: read-only mapping of a file we do not modify (see SafetensorsFile::open).
         let mmap = unsafe { Mmap::map(&file) }.map_err(io_err(path))?;
-        let mut c = Cursor {
-            b: &mmap,
-            pos: 0,
-            path,
-        };
+        let mut c = Cursor { b: &mmap, pos: 0, path };
         let magic = c.take(4, "the magic number")?;
         if magic != MAGIC {
             return Err(Error::Invalid(format!(
@@ -270,34 +260,15 @@ impl GgufFile {
             if nd > 8 {
                 return Err(c.err(&format!("the rank of `{name}` ({nd})")));
             }
-            let ne = (0..nd)
-                .map(|_| c.u64(&format!("the dims of `{name}`")))
-                .collect::<Result<Vec<_>>>()?;
+            let ne = (0..nd).map(|_| c.u64(&format!("the dims of `{name}`"))).collect::<Result<Vec<_>>>()?;
             let type_id = c.u32(&format!("the type of `{name}`"))?;
             let offset = c.u64(&format!("the offset of `{name}`"))?;
-            tensors.push(TensorInfo {
-                name,
-                ne,
-                type_id,
-                offset,
-            });
+            tensors.push(TensorInfo { name, ne, type_id, offset });
         }
-        let index: HashMap<String, usize> = kv
-            .iter()
-            .enumerate()
-            .map(|(i, (k, _))| (k.clone(), i))
-            .collect();
-        let align = index
-            .get("general.alignment")
-            .and_then(|&i| kv[i].1.as_u64())
-            .unwrap_or(DEFAULT_ALIGNMENT)
-            .max(1);
+        let index: HashMap<String, usize> = kv.iter().enumerate().map(|(i, (k, _))| (k.clone(), i)).collect();
+        let align = index.get("general.alignment").and_then(|&i| kv[i].1.as_u64()).unwrap_or(DEFAULT_ALIGNMENT).max(1);
         let data_start = (c.pos as u64).div_ceil(align) * align;
-        let tindex = tensors
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.name.clone(), i))
-            .collect();
+        let tindex = tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
         let f = Self {
             path: path.to_path_buf(),
             version,
@@ -318,7 +289,7 @@ impl GgufFile {
         let bytes = match GgmlType::from_id(t.type_id) {
             Some(ty) => {
                 let row = t.ne.first().copied().unwrap_or(1) as usize;
-                if row % ty.block_elems() != 0 {
+                if !row.is_multiple_of(ty.block_elems()) {
                     return Err(Error::Invalid(format!(
                         "{}: tensor `{}` has rows of {row} elements, not a multiple of {}'s block of {}",
                         self.path.display(),
@@ -404,17 +375,11 @@ impl GgufWriter {
     }
 
     /// Add a tensor given its PyTorch-order `shape` and its encoded bytes.
-    pub fn tensor(
-        &mut self,
-        name: &str,
-        shape: &[usize],
-        ty: GgmlType,
-        bytes: Vec<u8>,
-    ) -> Result<()> {
+    pub fn tensor(&mut self, name: &str, shape: &[usize], ty: GgmlType, bytes: Vec<u8>) -> Result<()> {
         let ne: Vec<u64> = shape.iter().rev().map(|&x| x as u64).collect();
         let row = ne.first().copied().unwrap_or(1) as usize;
         let n: usize = shape.iter().product();
-        if row % ty.block_elems() != 0 || bytes.len() != ty.row_bytes(row) * (n / row.max(1)) {
+        if !row.is_multiple_of(ty.block_elems()) || bytes.len() != ty.row_bytes(row) * (n / row.max(1)) {
             return Err(Error::Invalid(format!(
                 "GGUF writer: tensor `{name}` {shape:?} has {} bytes, not {} data",
                 bytes.len(),
@@ -480,10 +445,7 @@ impl GgufWriter {
             offset = (offset + data.len() as u64).div_ceil(DEFAULT_ALIGNMENT) * DEFAULT_ALIGNMENT;
         }
         let pad = |b: &mut Vec<u8>| {
-            b.resize(
-                (b.len() as u64).div_ceil(DEFAULT_ALIGNMENT) as usize * DEFAULT_ALIGNMENT as usize,
-                0,
-            )
+            b.resize((b.len() as u64).div_ceil(DEFAULT_ALIGNMENT) as usize * DEFAULT_ALIGNMENT as usize, 0)
         };
         pad(&mut b);
         let data_start = b.len();
@@ -515,41 +477,17 @@ mod tests {
         let mut w = GgufWriter::new();
         w.kv("general.architecture", Value::Str("kimi-linear".into()));
         w.kv("kimi-linear.block_count", Value::U32(4));
-        w.kv(
-            "kimi-linear.attention.head_count_kv",
-            Value::i32_array([0, 0, 0, 1]),
-        );
+        w.kv("kimi-linear.attention.head_count_kv", Value::i32_array([0, 0, 0, 1]));
         w.kv("kimi-linear.rope.freq_base", Value::F32(1e4));
-        w.kv(
-            "tokenizer.ggml.tokens",
-            Value::str_array(["a".to_string(), "é".into(), "<s>".into()]),
-        );
+        w.kv("tokenizer.ggml.tokens", Value::str_array(["a".to_string(), "é".into(), "<s>".into()]));
         w.kv("general.flag", Value::Bool(true));
         w.kv("general.big", Value::U64(1 << 40));
         w.kv("general.neg", Value::I64(-7));
         w.kv("general.pi", Value::F64(std::f64::consts::PI));
         let x: Vec<f32> = (0..64 * 3).map(|i| (i as f32 * 0.37).sin()).collect();
-        w.tensor(
-            "a.weight",
-            &[3, 64],
-            GgmlType::F32,
-            GgmlType::F32.quantize_row(&x),
-        )
-        .expect("f32");
-        w.tensor(
-            "b.weight",
-            &[3, 64],
-            GgmlType::Q8_0,
-            GgmlType::Q8_0.quantize_row(&x),
-        )
-        .expect("q8");
-        w.tensor(
-            "c.weight",
-            &[64],
-            GgmlType::F16,
-            GgmlType::F16.quantize_row(&x[..64]),
-        )
-        .expect("f16");
+        w.tensor("a.weight", &[3, 64], GgmlType::F32, GgmlType::F32.quantize_row(&x)).expect("f32");
+        w.tensor("b.weight", &[3, 64], GgmlType::Q8_0, GgmlType::Q8_0.quantize_row(&x)).expect("q8");
+        w.tensor("c.weight", &[64], GgmlType::F16, GgmlType::F16.quantize_row(&x[..64])).expect("f16");
         (w, x)
     }
 
@@ -564,10 +502,7 @@ mod tests {
             assert_eq!(f.get(k), Some(v), "{k}");
         }
         let (ty, info, bytes) = f.tensor_data("b.weight").expect("b");
-        assert_eq!(
-            (ty, info.ne.clone(), info.shape()),
-            (GgmlType::Q8_0, vec![64, 3], vec![3, 64])
-        );
+        assert_eq!((ty, info.ne.clone(), info.shape()), (GgmlType::Q8_0, vec![64, 3], vec![3, 64]));
         assert_eq!(bytes, GgmlType::Q8_0.quantize_row(&x).as_slice());
         assert_eq!(f.tensor_f32("a.weight").expect("a"), x);
         for t in &f.tensors {
@@ -584,10 +519,7 @@ mod tests {
         let e = GgufFile::open(&p).err().expect("truncated").to_string();
         assert!(e.contains("truncated") && e.contains("m.gguf"), "{e}");
         std::fs::write(&p, &bytes[..40]).expect("w");
-        let e = GgufFile::open(&p)
-            .err()
-            .expect("truncated header")
-            .to_string();
+        let e = GgufFile::open(&p).err().expect("truncated header").to_string();
         assert!(e.contains("truncated or corrupt"), "{e}");
         let mut bad = bytes.clone();
         bad[..4].copy_from_slice(b"GGML");
@@ -597,14 +529,13 @@ mod tests {
         // an unsupported tensor type is reported when that tensor is read, naming it
         let mut w2 = GgufWriter::new();
         w2.kv("general.architecture", Value::Str("llama".into()));
-        w2.tensor("q.weight", &[1, 32], GgmlType::F32, vec![0; 128])
-            .expect("t");
+        w2.tensor("q.weight", &[1, 32], GgmlType::F32, vec![0; 128]).expect("t");
         let mut b2 = w2.to_bytes();
         let pos = b2.windows(8).position(|w| w == b"q.weight").expect("name") + 8 + 4 + 16;
         b2[pos..pos + 4].copy_from_slice(&12u32.to_le_bytes()); // Q4_K
         std::fs::write(&p, &b2).expect("w");
         let f = GgufFile::open(&p).expect("opens");
-        let e = f.tensor_data("q.weight").err().expect("type").to_string();
+        let e = f.tensor_data("q.weight").expect_err("type").to_string();
         assert!(e.contains("q.weight") && e.contains("Q4_K"), "{e}");
     }
 }

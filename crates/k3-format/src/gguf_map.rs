@@ -4,8 +4,8 @@
 //! Llama's Q/K row permutation) are described here and applied by the exporter and the engine.
 
 use k3_config::{
-    Activation, FfnKind, KdaConfig, KdaDecay, KdaOutGate, KimiConfig, LatentMoe, LayerKind,
-    LlamaConfig, Mixer, MlaConfig, ModelConfig, MoeConfig, Profile,
+    Activation, FfnKind, KdaConfig, KdaDecay, KdaOutGate, KimiConfig, LatentMoe, LayerKind, LlamaConfig, Mixer,
+    MlaConfig, ModelConfig, MoeConfig, Profile,
 };
 
 use crate::gguf::{GgufFile, Value};
@@ -69,43 +69,19 @@ const LAYER_RENAMES: &[(&str, &str)] = &[
     ("self_attn.q_a_proj.weight", "attn_q_a.weight"),
     ("self_attn.q_a_layernorm.weight", "attn_q_a_norm.weight"),
     ("self_attn.q_b_proj.weight", "attn_q_b.weight"),
-    (
-        "self_attn.kv_a_proj_with_mqa.weight",
-        "attn_kv_a_mqa.weight",
-    ),
+    ("self_attn.kv_a_proj_with_mqa.weight", "attn_kv_a_mqa.weight"),
     ("self_attn.kv_a_layernorm.weight", "attn_kv_a_norm.weight"),
     ("mlp.gate_proj.weight", "ffn_gate.weight"),
     ("mlp.up_proj.weight", "ffn_up.weight"),
     ("mlp.down_proj.weight", "ffn_down.weight"),
     ("block_sparse_moe.gate.weight", "ffn_gate_inp.weight"),
-    (
-        "block_sparse_moe.gate.e_score_correction_bias",
-        "exp_probs_b.bias",
-    ),
-    (
-        "block_sparse_moe.shared_experts.gate_proj.weight",
-        "ffn_gate_shexp.weight",
-    ),
-    (
-        "block_sparse_moe.shared_experts.up_proj.weight",
-        "ffn_up_shexp.weight",
-    ),
-    (
-        "block_sparse_moe.shared_experts.down_proj.weight",
-        "ffn_down_shexp.weight",
-    ),
-    (
-        "block_sparse_moe.routed_expert_down_proj.weight",
-        "ffn_routed_down.weight",
-    ),
-    (
-        "block_sparse_moe.routed_expert_up_proj.weight",
-        "ffn_routed_up.weight",
-    ),
-    (
-        "block_sparse_moe.routed_expert_norm.weight",
-        "ffn_routed_norm.weight",
-    ),
+    ("block_sparse_moe.gate.e_score_correction_bias", "exp_probs_b.bias"),
+    ("block_sparse_moe.shared_experts.gate_proj.weight", "ffn_gate_shexp.weight"),
+    ("block_sparse_moe.shared_experts.up_proj.weight", "ffn_up_shexp.weight"),
+    ("block_sparse_moe.shared_experts.down_proj.weight", "ffn_down_shexp.weight"),
+    ("block_sparse_moe.routed_expert_down_proj.weight", "ffn_routed_down.weight"),
+    ("block_sparse_moe.routed_expert_up_proj.weight", "ffn_routed_up.weight"),
+    ("block_sparse_moe.routed_expert_norm.weight", "ffn_routed_norm.weight"),
 ];
 
 /// The GGUF name of an HF tensor that maps by a plain rename, or `None` for the tensors that need
@@ -120,10 +96,7 @@ pub fn gguf_name(hf: &str) -> Option<String> {
     let rest = hf.strip_prefix("model.layers.")?;
     let (layer, suffix) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
-    LAYER_RENAMES
-        .iter()
-        .find(|(h, _)| *h == suffix)
-        .map(|(_, g)| format!("blk.{layer}.{g}"))
+    LAYER_RENAMES.iter().find(|(h, _)| *h == suffix).map(|(_, g)| format!("blk.{layer}.{g}"))
 }
 
 /// GGUF name of a per-layer tensor.
@@ -139,91 +112,42 @@ fn key(arch: GgufArch, k: &str) -> String {
 pub fn config_metadata(cfg: &ModelConfig) -> Result<Vec<(String, Value)>> {
     let arch = GgufArch::for_config(cfg);
     let k = |s: &str| key(arch, s);
-    let mut m = vec![(
-        "general.architecture".to_string(),
-        Value::Str(arch.name().into()),
-    )];
+    let mut m = vec![("general.architecture".to_string(), Value::Str(arch.name().into()))];
     match cfg {
         ModelConfig::Llama(c) => {
-            m.push((
-                k("context_length"),
-                Value::U32(c.max_position_embeddings as u32),
-            ));
+            m.push((k("context_length"), Value::U32(c.max_position_embeddings as u32)));
             m.push((k("embedding_length"), Value::U32(c.hidden_size as u32)));
             m.push((k("block_count"), Value::U32(c.num_hidden_layers as u32)));
-            m.push((
-                k("feed_forward_length"),
-                Value::U32(c.intermediate_size as u32),
-            ));
-            m.push((
-                k("attention.head_count"),
-                Value::U32(c.num_attention_heads as u32),
-            ));
-            m.push((
-                k("attention.head_count_kv"),
-                Value::U32(c.num_key_value_heads as u32),
-            ));
+            m.push((k("feed_forward_length"), Value::U32(c.intermediate_size as u32)));
+            m.push((k("attention.head_count"), Value::U32(c.num_attention_heads as u32)));
+            m.push((k("attention.head_count_kv"), Value::U32(c.num_key_value_heads as u32)));
             m.push((k("attention.key_length"), Value::U32(c.head_dim as u32)));
             m.push((k("attention.value_length"), Value::U32(c.head_dim as u32)));
             m.push((k("rope.dimension_count"), Value::U32(c.head_dim as u32)));
             m.push((k("rope.freq_base"), Value::F32(c.rope_theta as f32)));
-            m.push((
-                k("attention.layer_norm_rms_epsilon"),
-                Value::F32(c.rms_norm_eps as f32),
-            ));
+            m.push((k("attention.layer_norm_rms_epsilon"), Value::F32(c.rms_norm_eps as f32)));
             m.push((k("vocab_size"), Value::U32(c.vocab_size as u32)));
         }
         ModelConfig::Kimi(c) => {
             check_exportable(c, arch)?;
             let mla = &c.mla;
-            m.push((
-                k("context_length"),
-                Value::U32(c.max_position_embeddings.min(u32::MAX as usize) as u32),
-            ));
+            m.push((k("context_length"), Value::U32(c.max_position_embeddings.min(u32::MAX as usize) as u32)));
             m.push((k("embedding_length"), Value::U32(c.hidden_size as u32)));
             m.push((k("block_count"), Value::U32(c.layers.len() as u32)));
-            m.push((
-                k("feed_forward_length"),
-                Value::U32(c.intermediate_size as u32),
-            ));
+            m.push((k("feed_forward_length"), Value::U32(c.intermediate_size as u32)));
             m.push((k("attention.head_count"), Value::U32(mla.num_heads as u32)));
-            let kv: Vec<i32> = c
-                .layers
-                .iter()
-                .map(|l| i32::from(l.mixer == Mixer::Mla))
-                .collect();
+            let kv: Vec<i32> = c.layers.iter().map(|l| i32::from(l.mixer == Mixer::Mla)).collect();
             m.push((k("attention.head_count_kv"), Value::i32_array(kv)));
-            m.push((
-                k("attention.layer_norm_rms_epsilon"),
-                Value::F32(c.rms_norm_eps as f32),
-            ));
-            m.push((
-                k("attention.key_length"),
-                Value::U32((mla.kv_lora_rank + mla.qk_rope_head_dim) as u32),
-            ));
-            m.push((
-                k("attention.value_length"),
-                Value::U32(mla.kv_lora_rank as u32),
-            ));
-            m.push((
-                k("attention.key_length_mla"),
-                Value::U32(mla.qk_head_dim() as u32),
-            ));
-            m.push((
-                k("attention.value_length_mla"),
-                Value::U32(mla.v_head_dim as u32),
-            ));
-            m.push((
-                k("attention.kv_lora_rank"),
-                Value::U32(mla.kv_lora_rank as u32),
-            ));
+            m.push((k("attention.layer_norm_rms_epsilon"), Value::F32(c.rms_norm_eps as f32)));
+            m.push((k("attention.key_length"), Value::U32((mla.kv_lora_rank + mla.qk_rope_head_dim) as u32)));
+            m.push((k("attention.value_length"), Value::U32(mla.kv_lora_rank as u32)));
+            m.push((k("attention.key_length_mla"), Value::U32(mla.qk_head_dim() as u32)));
+            m.push((k("attention.value_length_mla"), Value::U32(mla.v_head_dim as u32)));
+            m.push((k("attention.kv_lora_rank"), Value::U32(mla.kv_lora_rank as u32)));
             if let Some(rq) = mla.q_lora_rank {
                 m.push((k("attention.q_lora_rank"), Value::U32(rq as u32)));
             }
-            m.push((
-                k("rope.dimension_count"),
-                Value::U32(mla.qk_rope_head_dim as u32),
-            ));
+            m.push((k("rope.dimension_count"), Value::U32(mla.qk_rope_head_dim as u32)));
             m.push((k("ssm.conv_kernel"), Value::U32(c.kda.conv_kernel as u32)));
             m.push((k("kda.head_dim"), Value::U32(c.kda.head_dim as u32)));
             m.push((k("vocab_size"), Value::U32(c.vocab_size as u32)));
@@ -231,33 +155,15 @@ pub fn config_metadata(cfg: &ModelConfig) -> Result<Vec<(String, Value)>> {
             if c.has_moe() {
                 m.push((k("expert_count"), Value::U32(moe.num_experts as u32)));
                 m.push((k("expert_used_count"), Value::U32(moe.top_k as u32)));
-                m.push((
-                    k("expert_group_count"),
-                    Value::U32(moe.num_expert_group as u32),
-                ));
-                m.push((
-                    k("expert_group_used_count"),
-                    Value::U32(moe.topk_group as u32),
-                ));
+                m.push((k("expert_group_count"), Value::U32(moe.num_expert_group as u32)));
+                m.push((k("expert_group_used_count"), Value::U32(moe.topk_group as u32)));
             }
             // Required by both loaders even for an all-dense model (interop.md §0).
-            m.push((
-                k("expert_feed_forward_length"),
-                Value::U32(moe.intermediate_size as u32),
-            ));
-            m.push((
-                k("expert_shared_count"),
-                Value::U32(moe.num_shared_experts as u32),
-            ));
+            m.push((k("expert_feed_forward_length"), Value::U32(moe.intermediate_size as u32)));
+            m.push((k("expert_shared_count"), Value::U32(moe.num_shared_experts as u32)));
             m.push((k("expert_gating_func"), Value::U32(2))); // sigmoid
-            m.push((
-                k("expert_weights_scale"),
-                Value::F32(moe.routed_scaling_factor as f32),
-            ));
-            m.push((
-                k("leading_dense_block_count"),
-                Value::U32(c.first_k_dense() as u32),
-            ));
+            m.push((k("expert_weights_scale"), Value::F32(moe.routed_scaling_factor as f32)));
+            m.push((k("leading_dense_block_count"), Value::U32(c.first_k_dense() as u32)));
             if arch == GgufArch::KimiK3 {
                 m.push((k("expert_weights_norm"), Value::Bool(moe.renormalize)));
                 if let Some(l) = moe.latent {
@@ -266,10 +172,7 @@ pub fn config_metadata(cfg: &ModelConfig) -> Result<Vec<(String, Value)>> {
                 if let KdaDecay::LowerBound(lb) = c.kda.decay {
                     m.push((k("kda.gate_lower_bound"), Value::F32(lb)));
                 }
-                m.push((
-                    k("attn_res.block_size"),
-                    Value::U32(c.attn_res_block_size.unwrap_or(0) as u32),
-                ));
+                m.push((k("attn_res.block_size"), Value::U32(c.attn_res_block_size.unwrap_or(0) as u32)));
                 let (beta, lin) = match c.activation {
                     Activation::Situ { beta, linear_beta } => (beta, linear_beta),
                     Activation::Silu => (f32::INFINITY, 0.0),
@@ -284,16 +187,8 @@ pub fn config_metadata(cfg: &ModelConfig) -> Result<Vec<(String, Value)>> {
 
 /// Refuse configs that the target llama.cpp loader cannot represent, saying why.
 pub fn check_exportable(c: &KimiConfig, arch: GgufArch) -> Result<()> {
-    let bad = |why: String| {
-        Err(Error::Invalid(format!(
-            "cannot export to llama.cpp `{}`: {why}",
-            arch.name()
-        )))
-    };
-    if c.count_mixer(Mixer::Kda) > 0
-        && c.count_mixer(Mixer::Mla) > 0
-        && c.kda.num_heads != c.mla.num_heads
-    {
+    let bad = |why: String| Err(Error::Invalid(format!("cannot export to llama.cpp `{}`: {why}", arch.name())));
+    if c.count_mixer(Mixer::Kda) > 0 && c.count_mixer(Mixer::Mla) > 0 && c.kda.num_heads != c.mla.num_heads {
         return bad(format!(
             "KDA heads ({}) must equal MLA heads ({}): one attention.head_count serves both",
             c.kda.num_heads, c.mla.num_heads
@@ -301,6 +196,25 @@ pub fn check_exportable(c: &KimiConfig, arch: GgufArch) -> Result<()> {
     }
     if c.mla.attention_bias {
         return bad("attention_bias (MLA biases) has no tensors in llama.cpp's Kimi graphs".into());
+    }
+    if arch == GgufArch::KimiLinear && c.count_mixer(Mixer::Mla) > 0 && c.mla.q_lora_rank.is_some() {
+        return bad(
+            "q_lora_rank: llama.cpp's kimi-linear loader never reads attention.q_lora_rank (kimi-k3 does)".into()
+        );
+    }
+    if c.has_moe() && c.moe.num_expert_group > 1 && c.moe.topk_group < c.moe.num_expert_group {
+        return bad(
+            "group-limited routing (num_expert_group > 1): llama.cpp's Kimi loaders do not read expert groups".into()
+        );
+    }
+    if arch == GgufArch::KimiLinear && c.has_moe() && c.moe.num_shared_experts == 0 {
+        return bad(
+            "num_shared_experts = 0: llama.cpp's kimi-linear always adds a shared expert (it would run a null one)"
+                .into(),
+        );
+    }
+    if arch == GgufArch::KimiLinear && c.has_moe() && !c.moe.renormalize {
+        return bad("moe_renormalize = false: llama.cpp's kimi-linear always renormalizes the top-k weights".into());
     }
     if !c.dense_is_prefix() {
         return bad("dense FFN layers must be a prefix (leading_dense_block_count)".into());
@@ -317,21 +231,14 @@ pub fn check_exportable(c: &KimiConfig, arch: GgufArch) -> Result<()> {
 }
 
 fn need<'a>(f: &'a GgufFile, key: &str) -> Result<&'a Value> {
-    f.get(key).ok_or_else(|| {
-        Error::Invalid(format!(
-            "{}: missing GGUF metadata `{key}`",
-            f.path.display()
-        ))
-    })
+    f.get(key).ok_or_else(|| Error::Invalid(format!("{}: missing GGUF metadata `{key}`", f.path.display())))
 }
 
 fn need_u(f: &GgufFile, key: &str) -> Result<usize> {
-    need(f, key)?.as_u64().map(|v| v as usize).ok_or_else(|| {
-        Error::Invalid(format!(
-            "{}: GGUF metadata `{key}` is not an integer",
-            f.path.display()
-        ))
-    })
+    need(f, key)?
+        .as_u64()
+        .map(|v| v as usize)
+        .ok_or_else(|| Error::Invalid(format!("{}: GGUF metadata `{key}` is not an integer", f.path.display())))
 }
 
 fn opt_u(f: &GgufFile, key: &str) -> Option<usize> {
@@ -363,12 +270,8 @@ fn vocab_size(f: &GgufFile, arch: GgufArch) -> Result<usize> {
 
 /// Rebuild the model config from a GGUF's metadata and tensor inventory.
 pub fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig> {
-    let name = f.arch().ok_or_else(|| {
-        Error::Invalid(format!(
-            "{}: missing `general.architecture`",
-            f.path.display()
-        ))
-    })?;
+    let name =
+        f.arch().ok_or_else(|| Error::Invalid(format!("{}: missing `general.architecture`", f.path.display())))?;
     let arch = GgufArch::from_name(name).ok_or_else(|| {
         Error::Invalid(format!(
             "{}: architecture `{name}` is not supported; supported: kimi-linear, kimi-k3, llama",
@@ -377,19 +280,10 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig> {
     })?;
     let k = |s: &str| key(arch, s);
     let eps = opt_f(f, &k("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5);
-    let bos = f
-        .get("tokenizer.ggml.bos_token_id")
-        .and_then(Value::as_u64)
-        .map(|v| v as u32);
-    let eos: Vec<u32> = f
-        .get("tokenizer.ggml.eos_token_id")
-        .and_then(Value::as_u64)
-        .map(|v| vec![v as u32])
-        .unwrap_or_default();
-    let pad = f
-        .get("tokenizer.ggml.padding_token_id")
-        .and_then(Value::as_u64)
-        .map(|v| v as u32);
+    let bos = f.get("tokenizer.ggml.bos_token_id").and_then(Value::as_u64).map(|v| v as u32);
+    let eos: Vec<u32> =
+        f.get("tokenizer.ggml.eos_token_id").and_then(Value::as_u64).map(|v| vec![v as u32]).unwrap_or_default();
+    let pad = f.get("tokenizer.ggml.padding_token_id").and_then(Value::as_u64).map(|v| v as u32);
     let vocab = vocab_size(f, arch)?;
     let hidden = need_u(f, &k("embedding_length"))?;
     let n_layer = need_u(f, &k("block_count"))?;
@@ -415,24 +309,12 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig> {
             eos_token_id: eos,
             pad_token_id: pad,
         };
-        cfg.validate().map_err(|source| Error::Config {
-            path: f.path.clone(),
-            source,
-        })?;
+        cfg.validate().map_err(|source| Error::Config { path: f.path.clone(), source })?;
         return Ok(ModelConfig::Llama(cfg));
     }
     let kv_arr = need(f, &k("attention.head_count_kv"))?;
     let mixers: Vec<Mixer> = match kv_arr.as_array() {
-        Some(a) => a
-            .iter()
-            .map(|v| {
-                if v.as_u64().unwrap_or(0) > 0 {
-                    Mixer::Mla
-                } else {
-                    Mixer::Kda
-                }
-            })
-            .collect(),
+        Some(a) => a.iter().map(|v| if v.as_u64().unwrap_or(0) > 0 { Mixer::Mla } else { Mixer::Kda }).collect(),
         None => {
             return Err(Error::Invalid(format!(
                 "{}: `{}` must be a per-layer array",
@@ -452,14 +334,7 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig> {
     let layers: Vec<LayerKind> = mixers
         .into_iter()
         .enumerate()
-        .map(|(i, mixer)| LayerKind {
-            mixer,
-            ffn: if i < dense_lead {
-                FfnKind::Dense
-            } else {
-                FfnKind::Moe
-            },
-        })
+        .map(|(i, mixer)| LayerKind { mixer, ffn: if i < dense_lead { FfnKind::Dense } else { FfnKind::Moe } })
         .collect();
     let has = |n: &str| f.tensor_info(n).is_some();
     let first_kda = layers.iter().position(|l| l.mixer == Mixer::Kda);
@@ -493,22 +368,14 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig> {
     };
     let latent = opt_u(f, &k("expert_latent_length"))
         .filter(|&l| l > 0)
-        .map(|dim| LatentMoe {
-            dim,
-            use_norm: first_moe.is_some_and(|i| has(&blk(i, "ffn_routed_norm.weight"))),
-        });
+        .map(|dim| LatentMoe { dim, use_norm: first_moe.is_some_and(|i| has(&blk(i, "ffn_routed_norm.weight"))) });
     let moe = MoeConfig {
         num_experts: opt_u(f, &k("expert_count")).unwrap_or(0),
         top_k: opt_u(f, &k("expert_used_count")).unwrap_or(0),
         num_shared_experts: opt_u(f, &k("expert_shared_count")).unwrap_or(0),
         intermediate_size: opt_u(f, &k("expert_feed_forward_length")).unwrap_or(0),
-        routed_scaling_factor: opt_f(f, &k("expert_weights_scale"))
-            .filter(|&s| s != 0.0)
-            .unwrap_or(1.0),
-        renormalize: f
-            .get(&k("expert_weights_norm"))
-            .and_then(Value::as_bool)
-            .unwrap_or(true),
+        routed_scaling_factor: opt_f(f, &k("expert_weights_scale")).filter(|&s| s != 0.0).unwrap_or(1.0),
+        renormalize: f.get(&k("expert_weights_norm")).and_then(Value::as_bool).unwrap_or(true),
         num_expert_group: opt_u(f, &k("expert_group_count")).unwrap_or(1).max(1),
         topk_group: opt_u(f, &k("expert_group_used_count")).unwrap_or(1).max(1),
         latent,
@@ -536,9 +403,6 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig> {
         eos_token_id: eos,
         pad_token_id: pad,
     };
-    cfg.validate().map_err(|source| Error::Config {
-        path: f.path.clone(),
-        source,
-    })?;
+    cfg.validate().map_err(|source| Error::Config { path: f.path.clone(), source })?;
     Ok(ModelConfig::Kimi(cfg))
 }

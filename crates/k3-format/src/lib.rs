@@ -24,37 +24,17 @@ pub use weights::{param_counts, tensor_specs, ParamCounts, TensorKind, TensorSpe
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Io { path: PathBuf, source: std::io::Error },
     #[error("{path}: not a valid safetensors file ({msg}); is it truncated or corrupt? Re-save or re-download it")]
     Safetensors { path: PathBuf, msg: String },
     #[error("missing tensor `{name}` in {path}{hint}")]
-    MissingTensor {
-        name: String,
-        path: PathBuf,
-        hint: String,
-    },
+    MissingTensor { name: String, path: PathBuf, hint: String },
     #[error("tensor `{name}` in {path} has shape {got:?}, expected {expected:?}{hint}")]
-    Shape {
-        name: String,
-        path: PathBuf,
-        expected: Vec<usize>,
-        got: Vec<usize>,
-        hint: String,
-    },
+    Shape { name: String, path: PathBuf, expected: Vec<usize>, got: Vec<usize>, hint: String },
     #[error("tensor `{name}` in {path} has dtype {dtype}, which K3-Mini cannot read (supported: F32, F16, BF16, F64, I64, I32)")]
-    Dtype {
-        name: String,
-        path: PathBuf,
-        dtype: String,
-    },
+    Dtype { name: String, path: PathBuf, dtype: String },
     #[error("{path}: {source}")]
-    Config {
-        path: PathBuf,
-        source: k3_config::Error,
-    },
+    Config { path: PathBuf, source: k3_config::Error },
     #[error("{0}")]
     Invalid(String),
 }

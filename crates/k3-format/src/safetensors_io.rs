@@ -34,28 +34,17 @@ impl SafetensorsFile {
         // SAFETY: the mapping is read-only; a checkpoint rewritten under us is the same hazard
         // every mmap-based loader (safetensors, llama.cpp) accepts.
         let mmap = unsafe { Mmap::map(&file) }.map_err(io_err(path))?;
-        let (n, meta) =
-            safetensors::SafeTensors::read_metadata(&mmap).map_err(|e| Error::Safetensors {
-                path: path.to_path_buf(),
-                msg: e.to_string(),
-            })?;
+        let (n, meta) = safetensors::SafeTensors::read_metadata(&mmap)
+            .map_err(|e| Error::Safetensors { path: path.to_path_buf(), msg: e.to_string() })?;
         let header_len = 8 + n;
         let data_len = mmap.len() - header_len;
         if meta.data_len() > data_len {
             return Err(Error::Safetensors {
                 path: path.to_path_buf(),
-                msg: format!(
-                    "header describes {} data bytes but the file holds {data_len}",
-                    meta.data_len()
-                ),
+                msg: format!("header describes {} data bytes but the file holds {data_len}", meta.data_len()),
             });
         }
-        Ok(Self {
-            path: path.to_path_buf(),
-            mmap,
-            header_len,
-            meta,
-        })
+        Ok(Self { path: path.to_path_buf(), mmap, header_len, meta })
     }
 
     pub fn names(&self) -> Vec<String> {
@@ -92,34 +81,19 @@ impl TensorRef<'_> {
     }
 
     fn dtype_err(&self) -> Error {
-        Error::Dtype {
-            name: self.name.to_string(),
-            path: self.path.to_path_buf(),
-            dtype: format!("{:?}", self.dtype),
-        }
+        Error::Dtype { name: self.name.to_string(), path: self.path.to_path_buf(), dtype: format!("{:?}", self.dtype) }
     }
 
     /// The values widened to f32 (F32, F16, BF16, F64).
     pub fn to_f32(&self) -> Result<Vec<f32>> {
         let b = self.bytes;
         Ok(match self.dtype {
-            Dtype::F32 => b
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            Dtype::F16 => b
-                .chunks_exact(2)
-                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            Dtype::BF16 => b
-                .chunks_exact(2)
-                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
+            Dtype::F32 => b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            Dtype::F16 => b.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+            Dtype::BF16 => b.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
             Dtype::F64 => b
                 .chunks_exact(8)
-                .map(|c| {
-                    f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32
-                })
+                .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32)
                 .collect(),
             _ => return Err(self.dtype_err()),
         })
@@ -133,10 +107,7 @@ impl TensorRef<'_> {
                 .chunks_exact(8)
                 .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
                 .collect(),
-            Dtype::I32 => b
-                .chunks_exact(4)
-                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64)
-                .collect(),
+            Dtype::I32 => b.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64).collect(),
             _ => return Err(self.dtype_err()),
         })
     }
@@ -185,43 +156,22 @@ pub fn write_safetensors(
         let n: usize = shape.iter().product();
         let (dtype, bytes, len) = match data {
             OwnedData::F32(v) => (Dtype::F32, f32_bytes(v), v.len()),
-            OwnedData::I64(v) => (
-                Dtype::I64,
-                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-                v.len(),
-            ),
+            OwnedData::I64(v) => (Dtype::I64, v.iter().flat_map(|x| x.to_le_bytes()).collect(), v.len()),
         };
         if len != n {
-            return Err(Error::Invalid(format!(
-                "tensor `{name}`: shape {shape:?} needs {n} values, got {len}"
-            )));
+            return Err(Error::Invalid(format!("tensor `{name}`: shape {shape:?} needs {n} values, got {len}")));
         }
-        views.push((
-            name.clone(),
-            WriteView {
-                dtype,
-                shape: shape.clone(),
-                bytes: bytes.into(),
-            },
-        ));
+        views.push((name.clone(), WriteView { dtype, shape: shape.clone(), bytes: bytes.into() }));
     }
-    let bytes = safetensors::serialize(views, metadata).map_err(|e| Error::Safetensors {
-        path: path.to_path_buf(),
-        msg: e.to_string(),
-    })?;
+    let bytes = safetensors::serialize(views, metadata)
+        .map_err(|e| Error::Safetensors { path: path.to_path_buf(), msg: e.to_string() })?;
     write_atomic(path, &bytes)
 }
 
 /// Write `bytes` to `path` atomically (write temp, fsync, rename, fsync the directory).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let file_name = path
-        .file_name()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let file_name = path.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     let tmp = dir.join(format!(".{file_name}.tmp-{}", std::process::id()));
     {
         let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
@@ -249,15 +199,8 @@ mod tests {
     fn roundtrip_is_bit_exact() {
         let d = tmpdir("rt");
         let p = d.join("a.safetensors");
-        let x: Vec<f32> = (0..24)
-            .map(|i| (i as f32).sin() * 1e-3 + f32::MIN_POSITIVE * i as f32)
-            .collect();
-        write_safetensors(
-            &p,
-            &[("x".into(), vec![2, 3, 4], OwnedData::F32(x.clone()))],
-            None,
-        )
-        .expect("write");
+        let x: Vec<f32> = (0..24).map(|i| (i as f32).sin() * 1e-3 + f32::MIN_POSITIVE * i as f32).collect();
+        write_safetensors(&p, &[("x".into(), vec![2, 3, 4], OwnedData::F32(x.clone()))], None).expect("write");
         let f = SafetensorsFile::open(&p).expect("open");
         let t = f.tensor("x").expect("tensor");
         assert_eq!(t.shape, &[2, 3, 4]);
@@ -270,27 +213,13 @@ mod tests {
     fn truncated_file_is_a_clear_error() {
         let d = tmpdir("trunc");
         let p = d.join("a.safetensors");
-        write_safetensors(
-            &p,
-            &[("x".into(), vec![64], OwnedData::F32(vec![1.0; 64]))],
-            None,
-        )
-        .expect("write");
+        write_safetensors(&p, &[("x".into(), vec![64], OwnedData::F32(vec![1.0; 64]))], None).expect("write");
         let bytes = std::fs::read(&p).expect("read");
         std::fs::write(&p, &bytes[..bytes.len() - 10]).expect("truncate");
-        let err = SafetensorsFile::open(&p)
-            .err()
-            .expect("must fail")
-            .to_string();
-        assert!(
-            err.contains("a.safetensors") && err.contains("truncated"),
-            "{err}"
-        );
+        let err = SafetensorsFile::open(&p).err().expect("must fail").to_string();
+        assert!(err.contains("a.safetensors") && err.contains("truncated"), "{err}");
         std::fs::write(&p, b"garbage").expect("write");
-        let err = SafetensorsFile::open(&p)
-            .err()
-            .expect("must fail")
-            .to_string();
+        let err = SafetensorsFile::open(&p).err().expect("must fail").to_string();
         assert!(err.contains("not a valid safetensors"), "{err}");
         std::fs::remove_dir_all(d).ok();
     }

@@ -34,12 +34,7 @@ pub struct TensorSpec {
 
 impl TensorSpec {
     fn new(name: String, shape: Vec<usize>, kind: TensorKind) -> Self {
-        Self {
-            name,
-            shape,
-            kind,
-            alt_name: None,
-        }
+        Self { name, shape, kind, alt_name: None }
     }
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
@@ -57,21 +52,13 @@ pub fn tensor_specs(cfg: &ModelConfig) -> Vec<TensorSpec> {
 /// The HF names of one layer's routed expert `e`: (w1 gate, w3 up, w2 down).
 pub fn expert_names(layer: usize, e: usize) -> [String; 3] {
     let p = format!("model.layers.{layer}.block_sparse_moe.experts.{e}");
-    [
-        format!("{p}.w1.weight"),
-        format!("{p}.w3.weight"),
-        format!("{p}.w2.weight"),
-    ]
+    [format!("{p}.w1.weight"), format!("{p}.w3.weight"), format!("{p}.w2.weight")]
 }
 
 fn kimi_specs(c: &KimiConfig) -> Vec<TensorSpec> {
     use TensorKind::*;
     let d = c.hidden_size;
-    let mut v = vec![TensorSpec::new(
-        "model.embed_tokens.weight".into(),
-        vec![c.vocab_size, d],
-        Embedding,
-    )];
+    let mut v = vec![TensorSpec::new("model.embed_tokens.weight".into(), vec![c.vocab_size, d], Embedding)];
     let k3 = c.profile() == Profile::K3;
     for (i, layer) in c.layers.iter().enumerate() {
         let p = format!("model.layers.{i}");
@@ -99,11 +86,7 @@ fn kimi_specs(c: &KimiConfig) -> Vec<TensorSpec> {
                 add("self_attn.f_a_proj.weight", vec![k, d], Linear);
                 add("self_attn.f_b_proj.weight", vec![w, k], Linear);
                 // Kimi Linear saves A_log as [1,1,H,1]; llama.cpp's kimi-k3 converter takes [H].
-                add(
-                    "self_attn.A_log",
-                    if k3 { vec![h] } else { vec![1, 1, h, 1] },
-                    Param,
-                );
+                add("self_attn.A_log", if k3 { vec![h] } else { vec![1, 1, h, 1] }, Param);
                 add("self_attn.dt_bias", vec![w], Param);
                 add("self_attn.b_proj.weight", vec![h, d], Linear);
                 match c.kda.out_gate {
@@ -130,23 +113,11 @@ fn kimi_specs(c: &KimiConfig) -> Vec<TensorSpec> {
                         add("self_attn.q_b_proj.weight", vec![h * qk, rq], Linear);
                     }
                 }
-                add(
-                    "self_attn.kv_a_proj_with_mqa.weight",
-                    vec![m.kv_lora_rank + m.qk_rope_head_dim, d],
-                    Linear,
-                );
+                add("self_attn.kv_a_proj_with_mqa.weight", vec![m.kv_lora_rank + m.qk_rope_head_dim, d], Linear);
                 if m.attention_bias {
-                    add(
-                        "self_attn.kv_a_proj_with_mqa.bias",
-                        vec![m.kv_lora_rank + m.qk_rope_head_dim],
-                        Param,
-                    );
+                    add("self_attn.kv_a_proj_with_mqa.bias", vec![m.kv_lora_rank + m.qk_rope_head_dim], Param);
                 }
-                add(
-                    "self_attn.kv_a_layernorm.weight",
-                    vec![m.kv_lora_rank],
-                    Norm,
-                );
+                add("self_attn.kv_a_layernorm.weight", vec![m.kv_lora_rank], Norm);
                 add(
                     "self_attn.kv_b_proj.weight",
                     vec![h * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank],
@@ -164,11 +135,7 @@ fn kimi_specs(c: &KimiConfig) -> Vec<TensorSpec> {
         match layer.ffn {
             FfnKind::Dense => {
                 let f = c.intermediate_size;
-                for (s, shape) in [
-                    ("gate_proj", vec![f, d]),
-                    ("up_proj", vec![f, d]),
-                    ("down_proj", vec![d, f]),
-                ] {
+                for (s, shape) in [("gate_proj", vec![f, d]), ("up_proj", vec![f, d]), ("down_proj", vec![d, f])] {
                     let mut t = TensorSpec::new(format!("{p}.mlp.{s}.weight"), shape, Linear);
                     // transformers 5.24's save_pretrained names dense layers block_sparse_moe.* too.
                     t.alt_name = Some(format!("{p}.block_sparse_moe.{s}.weight"));
@@ -180,33 +147,13 @@ fn kimi_specs(c: &KimiConfig) -> Vec<TensorSpec> {
                 let (e, fe) = (moe.num_experts, moe.intermediate_size);
                 let l = moe.latent.map_or(d, |x| x.dim);
                 let b = format!("{p}.block_sparse_moe");
-                v.push(TensorSpec::new(
-                    format!("{b}.gate.weight"),
-                    vec![e, d],
-                    Router,
-                ));
-                v.push(TensorSpec::new(
-                    format!("{b}.gate.e_score_correction_bias"),
-                    vec![e],
-                    Param,
-                ));
+                v.push(TensorSpec::new(format!("{b}.gate.weight"), vec![e, d], Router));
+                v.push(TensorSpec::new(format!("{b}.gate.e_score_correction_bias"), vec![e], Param));
                 if let Some(lat) = moe.latent {
-                    v.push(TensorSpec::new(
-                        format!("{b}.routed_expert_down_proj.weight"),
-                        vec![l, d],
-                        Linear,
-                    ));
-                    v.push(TensorSpec::new(
-                        format!("{b}.routed_expert_up_proj.weight"),
-                        vec![d, l],
-                        Linear,
-                    ));
+                    v.push(TensorSpec::new(format!("{b}.routed_expert_down_proj.weight"), vec![l, d], Linear));
+                    v.push(TensorSpec::new(format!("{b}.routed_expert_up_proj.weight"), vec![d, l], Linear));
                     if lat.use_norm {
-                        v.push(TensorSpec::new(
-                            format!("{b}.routed_expert_norm.weight"),
-                            vec![l],
-                            Norm,
-                        ));
+                        v.push(TensorSpec::new(format!("{b}.routed_expert_norm.weight"), vec![l], Norm));
                     }
                 }
                 for x in 0..e {
@@ -217,60 +164,32 @@ fn kimi_specs(c: &KimiConfig) -> Vec<TensorSpec> {
                 }
                 let fs = fe * moe.num_shared_experts;
                 if fs > 0 {
-                    for (s, shape) in [
-                        ("gate_proj", vec![fs, d]),
-                        ("up_proj", vec![fs, d]),
-                        ("down_proj", vec![d, fs]),
-                    ] {
-                        v.push(TensorSpec::new(
-                            format!("{b}.shared_experts.{s}.weight"),
-                            shape,
-                            Linear,
-                        ));
+                    for (s, shape) in [("gate_proj", vec![fs, d]), ("up_proj", vec![fs, d]), ("down_proj", vec![d, fs])]
+                    {
+                        v.push(TensorSpec::new(format!("{b}.shared_experts.{s}.weight"), shape, Linear));
                     }
                 }
             }
         }
     }
     if c.attn_res_block_size.is_some() {
-        v.push(TensorSpec::new(
-            "model.output_attn_res_norm.weight".into(),
-            vec![d],
-            Norm,
-        ));
-        v.push(TensorSpec::new(
-            "model.output_attn_res_proj.weight".into(),
-            vec![1, d],
-            Param,
-        ));
+        v.push(TensorSpec::new("model.output_attn_res_norm.weight".into(), vec![d], Norm));
+        v.push(TensorSpec::new("model.output_attn_res_proj.weight".into(), vec![1, d], Param));
     }
     v.push(TensorSpec::new("model.norm.weight".into(), vec![d], Norm));
-    v.push(TensorSpec::new(
-        "lm_head.weight".into(),
-        vec![c.vocab_size, d],
-        Linear,
-    ));
+    v.push(TensorSpec::new("lm_head.weight".into(), vec![c.vocab_size, d], Linear));
     v
 }
 
 fn llama_specs(c: &LlamaConfig) -> Vec<TensorSpec> {
     use TensorKind::*;
     let d = c.hidden_size;
-    let (hq, hkv) = (
-        c.num_attention_heads * c.head_dim,
-        c.num_key_value_heads * c.head_dim,
-    );
+    let (hq, hkv) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
     let f = c.intermediate_size;
-    let mut v = vec![TensorSpec::new(
-        "model.embed_tokens.weight".into(),
-        vec![c.vocab_size, d],
-        Embedding,
-    )];
+    let mut v = vec![TensorSpec::new("model.embed_tokens.weight".into(), vec![c.vocab_size, d], Embedding)];
     for i in 0..c.num_hidden_layers {
         let p = format!("model.layers.{i}");
-        let mut add = |s: &str, shape: Vec<usize>, kind| {
-            v.push(TensorSpec::new(format!("{p}.{s}"), shape, kind))
-        };
+        let mut add = |s: &str, shape: Vec<usize>, kind| v.push(TensorSpec::new(format!("{p}.{s}"), shape, kind));
         add("input_layernorm.weight", vec![d], Norm);
         for (s, rows) in [("q_proj", hq), ("k_proj", hkv), ("v_proj", hkv)] {
             add(&format!("self_attn.{s}.weight"), vec![rows, d], Linear);
@@ -283,11 +202,8 @@ fn llama_specs(c: &LlamaConfig) -> Vec<TensorSpec> {
             add("self_attn.o_proj.bias", vec![d], Param);
         }
         add("post_attention_layernorm.weight", vec![d], Norm);
-        for (s, shape, bias) in [
-            ("gate_proj", vec![f, d], f),
-            ("up_proj", vec![f, d], f),
-            ("down_proj", vec![d, f], d),
-        ] {
+        for (s, shape, bias) in [("gate_proj", vec![f, d], f), ("up_proj", vec![f, d], f), ("down_proj", vec![d, f], d)]
+        {
             add(&format!("mlp.{s}.weight"), shape, Linear);
             if c.mlp_bias {
                 add(&format!("mlp.{s}.bias"), vec![bias], Param);
@@ -296,11 +212,7 @@ fn llama_specs(c: &LlamaConfig) -> Vec<TensorSpec> {
     }
     v.push(TensorSpec::new("model.norm.weight".into(), vec![d], Norm));
     if !c.tie_word_embeddings {
-        v.push(TensorSpec::new(
-            "lm_head.weight".into(),
-            vec![c.vocab_size, d],
-            Linear,
-        ));
+        v.push(TensorSpec::new("lm_head.weight".into(), vec![c.vocab_size, d], Linear));
     }
     v
 }
@@ -325,20 +237,12 @@ pub fn param_counts(cfg: &ModelConfig) -> ParamCounts {
         .sum();
     let mut inactive = 0;
     if let ModelConfig::Kimi(c) = cfg {
-        let routed: usize = specs
-            .iter()
-            .filter(|s| s.name.contains(".experts."))
-            .map(TensorSpec::numel)
-            .sum();
+        let routed: usize = specs.iter().filter(|s| s.name.contains(".experts.")).map(TensorSpec::numel).sum();
         if let Some(active_routed) = (routed * c.moe.top_k).checked_div(c.moe.num_experts) {
             inactive = routed - active_routed;
         }
     }
-    ParamCounts {
-        total,
-        active: total - inactive,
-        embedding,
-    }
+    ParamCounts { total, active: total - inactive, embedding }
 }
 
 #[cfg(test)]
@@ -352,23 +256,11 @@ mod tests {
     fn kda_layer_count_matches_spec_formula() {
         let c = presets::tiny();
         let specs = kimi_specs(&c);
-        let kda: usize = specs
-            .iter()
-            .filter(|s| s.name.starts_with("model.layers.0.self_attn."))
-            .map(TensorSpec::numel)
-            .sum();
+        let kda: usize =
+            specs.iter().filter(|s| s.name.starts_with("model.layers.0.self_attn.")).map(TensorSpec::numel).sum();
         let (d, h, k, r, kc) = (192, 3, 64, 64, 4);
-        let formula = 3 * d * h * k
-            + kc * 3 * h * k
-            + d * r
-            + r * h * k
-            + d * h
-            + h
-            + h * k
-            + d * r
-            + r * h * k
-            + k
-            + h * k * d;
+        let formula =
+            3 * d * h * k + kc * 3 * h * k + d * r + r * h * k + d * h + h + h * k + d * r + r * h * k + k + h * k * d;
         assert_eq!(kda, formula);
         assert_eq!(formula - 175_171, 2 * (d + h * k) * 32);
     }
@@ -381,11 +273,7 @@ mod tests {
         // Spec table: 48.5M with a gated MLA; the Kimi-Linear profile has no MLA gate (3 × 262K fewer).
         assert!((47_500_000..47_800_000).contains(&b), "small {b}");
         let c = param_counts(&ModelConfig::Kimi(presets::k3_3b()));
-        assert!(
-            (3_050_000_000..3_150_000_000).contains(&c.total),
-            "3b {}",
-            c.total
-        );
+        assert!((3_050_000_000..3_150_000_000).contains(&c.total), "3b {}", c.total);
         assert_eq!(c.embedding, 2 * 163_840 * 2304);
     }
 

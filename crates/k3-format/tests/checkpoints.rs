@@ -7,9 +7,7 @@ use std::path::{Path, PathBuf};
 use k3_format::{save_checkpoint, tensor_specs, Checkpoint};
 
 fn golden(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/golden")
-        .join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden").join(name)
 }
 
 fn scratch(tag: &str) -> PathBuf {
@@ -26,11 +24,7 @@ fn transformers_saved_checkpoints_load_completely() {
         // transformers writes dense layers as block_sparse_moe.* and A_log as [1,1,H,1]: both accepted.
         let all = ck.read_all().expect("read_all");
         assert_eq!(all.len(), tensor_specs(&ck.config).len());
-        assert!(
-            ck.warnings.iter().all(|w| !w.contains("not used")),
-            "{tag}: {:?}",
-            ck.warnings
-        );
+        assert!(ck.warnings.iter().all(|w| !w.contains("not used")), "{tag}: {:?}", ck.warnings);
     }
 }
 
@@ -48,17 +42,11 @@ fn broken_checkpoints_get_errors_naming_file_and_tensor() {
     // wrong shape: rewrite with a config that expects a larger vocab
     let d = copy_fixture("shape");
     let cfg = std::fs::read_to_string(d.join("config.json")).expect("read");
-    std::fs::write(
-        d.join("config.json"),
-        cfg.replace("\"vocab_size\": 256", "\"vocab_size\": 300"),
-    )
-    .expect("write");
+    std::fs::write(d.join("config.json"), cfg.replace("\"vocab_size\": 256", "\"vocab_size\": 300")).expect("write");
     let ck = Checkpoint::open(&d).expect("open");
     let err = ck.read_all().expect_err("shape error").to_string();
     assert!(
-        err.contains("model.embed_tokens.weight")
-            && err.contains("[300, 64]")
-            && err.contains("model.safetensors"),
+        err.contains("model.embed_tokens.weight") && err.contains("[300, 64]") && err.contains("model.safetensors"),
         "{err}"
     );
 
@@ -67,60 +55,40 @@ fn broken_checkpoints_get_errors_naming_file_and_tensor() {
     let cfg = std::fs::read_to_string(d.join("config.json")).expect("read");
     let cfg = cfg
         .replace("\"num_hidden_layers\": 4", "\"num_hidden_layers\": 5")
-        .replace(
-            "\"full_attention\"\n  ]",
-            "\"full_attention\",\n \"linear_attention\"\n  ]",
-        )
+        .replace("\"full_attention\"\n  ]", "\"full_attention\",\n \"linear_attention\"\n  ]")
         .replace("\"dense\"\n  ]", "\"dense\",\n \"dense\"\n  ]");
     std::fs::write(d.join("config.json"), cfg).expect("write");
     let ck = Checkpoint::open(&d).expect("open");
     let err = ck.read_all().expect_err("missing error").to_string();
-    assert!(
-        err.contains("model.layers.4.") && err.contains("missing tensor"),
-        "{err}"
-    );
+    assert!(err.contains("model.layers.4.") && err.contains("missing tensor"), "{err}");
 
     // truncated safetensors
     let d = copy_fixture("trunc");
     let bytes = std::fs::read(d.join("model.safetensors")).expect("read");
     std::fs::write(d.join("model.safetensors"), &bytes[..bytes.len() / 2]).expect("write");
     let err = Checkpoint::open(&d).err().expect("truncated").to_string();
-    assert!(
-        err.contains("model.safetensors") && err.contains("truncated"),
-        "{err}"
-    );
+    assert!(err.contains("model.safetensors") && err.contains("truncated"), "{err}");
 
     // missing config.json / not a directory
     std::fs::remove_file(d.join("config.json")).expect("rm");
     let err = Checkpoint::open(&d).err().expect("no config").to_string();
     assert!(err.contains("config.json"), "{err}");
-    let err = Checkpoint::open(Path::new("/nonexistent/ckpt"))
-        .err()
-        .expect("no dir")
-        .to_string();
+    let err = Checkpoint::open(Path::new("/nonexistent/ckpt")).err().expect("no dir").to_string();
     assert!(err.contains("/nonexistent/ckpt"), "{err}");
 }
 
 #[test]
 fn save_then_open_is_bit_exact_and_sharded_index_loads() {
     let src = Checkpoint::open(&golden("tiny_kimi_linear_moe")).expect("open");
-    let tensors: HashMap<String, Vec<f32>> = src
-        .read_all()
-        .expect("read")
-        .into_iter()
-        .map(|(s, d)| (s.name, d))
-        .collect();
+    let tensors: HashMap<String, Vec<f32>> =
+        src.read_all().expect("read").into_iter().map(|(s, d)| (s.name, d)).collect();
     let d = scratch("save");
     save_checkpoint(&d, &src.config, tensors.clone()).expect("save");
     let back = Checkpoint::open(&d).expect("reopen");
     assert_eq!(back.config, src.config);
     for (s, data) in back.read_all().expect("read") {
         let a = &tensors[&s.name];
-        assert!(
-            a.iter().zip(&data).all(|(x, y)| x.to_bits() == y.to_bits()),
-            "{}",
-            s.name
-        );
+        assert!(a.iter().zip(&data).all(|(x, y)| x.to_bits() == y.to_bits()), "{}", s.name);
     }
     // Split into two shards with an index file, as large HF checkpoints are.
     let specs = tensor_specs(&src.config);
@@ -129,11 +97,7 @@ fn save_then_open_is_bit_exact_and_sharded_index_loads() {
         let t: Vec<_> = part
             .iter()
             .map(|s| {
-                (
-                    s.name.clone(),
-                    s.shape.clone(),
-                    k3_format::safetensors_io::OwnedData::F32(tensors[&s.name].clone()),
-                )
+                (s.name.clone(), s.shape.clone(), k3_format::safetensors_io::OwnedData::F32(tensors[&s.name].clone()))
             })
             .collect();
         k3_format::write_safetensors(&d.join(file), &t, None).expect("shard");
@@ -145,11 +109,8 @@ fn save_then_open_is_bit_exact_and_sharded_index_loads() {
         .iter()
         .enumerate()
         .map(|(i, s)| {
-            let f = if i < first.len() {
-                "model-00001-of-00002.safetensors"
-            } else {
-                "model-00002-of-00002.safetensors"
-            };
+            let f =
+                if i < first.len() { "model-00001-of-00002.safetensors" } else { "model-00002-of-00002.safetensors" };
             (s.name.clone(), serde_json::Value::String(f.into()))
         })
         .collect();

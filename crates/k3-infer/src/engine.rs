@@ -38,18 +38,12 @@ pub struct Generated {
 
 impl Engine {
     pub fn new(model: Model) -> Self {
-        Self {
-            model,
-            seqs: Vec::new(),
-        }
+        Self { model, seqs: Vec::new() }
     }
 
     /// Start a new, empty sequence.
     pub fn add_sequence(&mut self) -> SeqId {
-        let seq = Seq {
-            state: self.model.new_state(),
-            tokens: Vec::new(),
-        };
+        let seq = Seq { state: self.model.new_state(), tokens: Vec::new() };
         if let Some(i) = self.seqs.iter().position(Option::is_none) {
             self.seqs[i] = Some(seq);
             SeqId(i)
@@ -102,10 +96,7 @@ impl Engine {
     /// One decode step for several sequences at once: each gets its next token, and its logits
     /// [V] come back in the same order.
     pub fn step(&mut self, batch: &[(SeqId, u32)]) -> Result<Vec<Vec<f32>>> {
-        batch
-            .iter()
-            .map(|&(id, tok)| self.feed(id, &[tok], Logits::Last))
-            .collect()
+        batch.iter().map(|&(id, tok)| self.feed(id, &[tok], Logits::Last)).collect()
     }
 
     /// Prefill `prompt` into a sequence and sample up to `max_new` tokens, streaming each token id
@@ -126,33 +117,21 @@ impl Engine {
         let n_ctx = self.model.n_ctx;
         loop {
             if out.len() >= max_new {
-                return Ok(Generated {
-                    tokens: out,
-                    reason: StopReason::MaxTokens,
-                });
+                return Ok(Generated { tokens: out, reason: StopReason::MaxTokens });
             }
             let next = {
                 let hist = &self.seq(id)?.tokens;
                 sampler.sample(&logits, hist)
             };
             if stop_tokens.contains(&next) {
-                return Ok(Generated {
-                    tokens: out,
-                    reason: StopReason::StopToken,
-                });
+                return Ok(Generated { tokens: out, reason: StopReason::StopToken });
             }
             out.push(next);
             if on_token(next).is_break() {
-                return Ok(Generated {
-                    tokens: out,
-                    reason: StopReason::Callback,
-                });
+                return Ok(Generated { tokens: out, reason: StopReason::Callback });
             }
             if self.seq(id)?.tokens.len() + 1 > n_ctx {
-                return Ok(Generated {
-                    tokens: out,
-                    reason: StopReason::Context,
-                });
+                return Ok(Generated { tokens: out, reason: StopReason::Context });
             }
             logits = self.feed(id, &[next], Logits::Last)?;
         }

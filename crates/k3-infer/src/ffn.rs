@@ -3,7 +3,7 @@
 use k3_config::Activation;
 use k3_kernels::ops;
 
-use crate::linear::Matrix;
+use crate::linear::{Compute, Matrix};
 use crate::Result;
 
 pub struct Mlp {
@@ -23,13 +23,7 @@ pub fn glu_inplace(g: &mut [f32], u: &[f32], act: Activation) {
 
 impl Mlp {
     /// HF names `{prefix}.{gate,up,down}_proj.weight`.
-    pub fn load(
-        src: &crate::source::Source,
-        prefix: &str,
-        c: usize,
-        f: usize,
-        act: Activation,
-    ) -> Result<Self> {
+    pub fn load(src: &crate::source::Source, prefix: &str, c: usize, f: usize, act: Activation) -> Result<Self> {
         Ok(Self {
             gate: src.matrix(&format!("{prefix}.gate_proj.weight"), f, c)?,
             up: src.matrix(&format!("{prefix}.up_proj.weight"), f, c)?,
@@ -40,10 +34,10 @@ impl Mlp {
 
     /// # Shapes
     /// x: [T, C] → [T, C]
-    pub fn forward(&self, x: &[f32], t: usize, threads: usize) -> Vec<f32> {
-        let mut g = self.gate.apply(x, t, threads);
-        let u = self.up.apply(x, t, threads);
+    pub fn forward(&self, x: &[f32], t: usize, cx: Compute) -> Vec<f32> {
+        let mut g = self.gate.apply(x, t, cx);
+        let u = self.up.apply(x, t, cx);
         glu_inplace(&mut g, &u, self.act);
-        self.down.apply(&g, t, threads)
+        self.down.apply(&g, t, cx)
     }
 }

@@ -5,7 +5,7 @@
 use k3_config::{KdaConfig, KdaDecay, KdaOutGate};
 use k3_kernels::{conv, kda as core, ops};
 
-use crate::linear::Matrix;
+use crate::linear::{Compute, Matrix};
 use crate::source::Source;
 use crate::Result;
 
@@ -31,7 +31,7 @@ pub struct Kda {
     conv_w: Vec<f32>, // [3W, Kc]: q | k | v kernels
     f_a: Matrix,
     f_b: Matrix,
-    a_log: Vec<f32>,   // [H]
+    a: Vec<f32>,       // exp(A_log) per head [H]
     dt_bias: Vec<f32>, // [W]
     b: Matrix,
     gate: OutGate,
@@ -58,9 +58,7 @@ impl Kda {
                 a: src.matrix(&format!("{p}.g_a_proj.weight"), kd, hidden)?,
                 b: src.matrix(&format!("{p}.g_b_proj.weight"), w, kd)?,
             },
-            KdaOutGate::FullRank => {
-                OutGate::Full(src.matrix(&format!("{p}.g_proj.weight"), w, hidden)?)
-            }
+            KdaOutGate::FullRank => OutGate::Full(src.matrix(&format!("{p}.g_proj.weight"), w, hidden)?),
         };
         Ok(Self {
             q: src.matrix(&format!("{p}.q_proj.weight"), w, hidden)?,
@@ -69,7 +67,7 @@ impl Kda {
             conv_w,
             f_a: src.matrix(&format!("{p}.f_a_proj.weight"), kd, hidden)?,
             f_b: src.matrix(&format!("{p}.f_b_proj.weight"), w, kd)?,
-            a_log: src.a_log(i, h)?,
+            a: src.kda_decay_rate(i, h)?,
             dt_bias: src.vector(&format!("{p}.dt_bias"), w)?,
             b: src.matrix(&format!("{p}.b_proj.weight"), h, hidden)?,
             gate,
@@ -85,23 +83,16 @@ impl Kda {
 
     pub fn new_state(&self) -> KdaState {
         let w = self.h * self.kd;
-        KdaState {
-            conv: vec![0.0; (self.kc - 1) * 3 * w],
-            s: vec![0.0; self.h * self.kd * self.kd],
-        }
+        KdaState { conv: vec![0.0; (self.kc - 1) * 3 * w], s: vec![0.0; self.h * self.kd * self.kd] }
     }
 
     /// # Shapes
     /// x: [T, C] (after `input_layernorm`) → [T, C]; the state is advanced by T tokens.
-    pub fn forward(&self, x: &[f32], t: usize, st: &mut KdaState, threads: usize) -> Vec<f32> {
+    pub fn forward(&self, x: &[f32], t: usize, st: &mut KdaState, cx: Compute) -> Vec<f32> {
         let (h, kd) = (self.h, self.kd);
         let w = h * kd;
         // q | k | v projections, interleaved per token as [T, 3W] for the conv.
-        let (q, k, v) = (
-            self.q.apply(x, t, threads),
-            self.k.apply(x, t, threads),
-            self.v.apply(x, t, threads),
-        );
+        let (q, k, v) = (self.q.apply(x, t, cx), self.k.apply(x, t, cx), self.v.apply(x, t, cx));
         let mut qkv = Vec::with_capacity(t * 3 * w);
         for r in 0..t {
             qkv.extend_from_slice(&q[r * w..(r + 1) * w]);
@@ -110,25 +101,27 @@ impl Kda {
         }
         let mut y = vec![0f32; t * 3 * w];
         conv::short_conv_silu(&mut y, &qkv, &self.conv_w, &mut st.conv, 3 * w, self.kc);
-        let (mut q, mut k, mut v) = (
-            Vec::with_capacity(t * w),
-            Vec::with_capacity(t * w),
-            Vec::with_capacity(t * w),
-        );
+        let (mut q, mut k, mut v) = (Vec::with_capacity(t * w), Vec::with_capacity(t * w), Vec::with_capacity(t * w));
         for r in 0..t {
             let row = &y[r * 3 * w..(r + 1) * 3 * w];
             q.extend_from_slice(&row[..w]);
             k.extend_from_slice(&row[w..2 * w]);
             v.extend_from_slice(&row[2 * w..]);
         }
-        ops::l2norm_inplace(&mut q, kd, 1e-6);
-        ops::l2norm_inplace(&mut k, kd, 1e-6);
+        // transformers / fla use eps 1e-6 here, llama.cpp rms_norm_eps: follow the mode's reference.
+        if cx.exact {
+            ops::l2norm_inplace(&mut q, kd, 1e-6);
+            ops::l2norm_inplace(&mut k, kd, 1e-6);
+        } else {
+            ops::l2norm_ggml_inplace(&mut q, kd, self.eps);
+            ops::l2norm_ggml_inplace(&mut k, kd, self.eps);
+        }
 
         // Forget gate g (log-space, ≤ 0) and β.
-        let mut g = self.f_b.apply(&self.f_a.apply(x, t, threads), t, threads); // [T, W]
+        let mut g = self.f_b.apply(&self.f_a.apply(x, t, cx), t, cx); // [T, W]
         for r in 0..t {
             for hh in 0..h {
-                let a = self.a_log[hh].exp();
+                let a = self.a[hh];
                 for d in 0..kd {
                     let idx = r * w + hh * kd + d;
                     let f = g[idx] + self.dt_bias[hh * kd + d];
@@ -139,7 +132,7 @@ impl Kda {
                 }
             }
         }
-        let mut beta = self.b.apply(x, t, threads); // [T, H]
+        let mut beta = self.b.apply(x, t, cx); // [T, H]
         beta.iter_mut().for_each(|b| *b = ops::sigmoid(*b));
 
         let mut o = vec![0f32; t * w];
@@ -151,14 +144,14 @@ impl Kda {
 
         // Gated per-head RMSNorm: normalise first, gate second (sigmoid).
         let gate = match &self.gate {
-            OutGate::LowRank { a, b } => b.apply(&a.apply(x, t, threads), t, threads),
-            OutGate::Full(gm) => gm.apply(x, t, threads),
+            OutGate::LowRank { a, b } => b.apply(&a.apply(x, t, cx), t, cx),
+            OutGate::Full(gm) => gm.apply(x, t, cx),
         };
         let mut normed = vec![0f32; t * w];
         ops::rmsnorm(&mut normed, &o, &self.o_norm, self.eps);
         for (n, gv) in normed.iter_mut().zip(&gate) {
             *n *= ops::sigmoid(*gv);
         }
-        self.o.apply(&normed, t, threads)
+        self.o.apply(&normed, t, cx)
     }
 }

@@ -6,7 +6,7 @@ use k3_kernels::ops;
 
 use crate::ffn::Mlp;
 use crate::kda::{Kda, KdaState};
-use crate::linear::Matrix;
+use crate::linear::{Compute, Matrix};
 use crate::mla::Mla;
 use crate::moe::Moe;
 use crate::source::Source;
@@ -17,6 +17,7 @@ pub enum Mixer {
     Mla(Mla),
 }
 
+#[allow(clippy::large_enum_variant)] // one per layer, built once
 pub enum Ffn {
     Dense(Mlp),
     Moe(Moe),
@@ -87,16 +88,12 @@ impl KimiModel {
             let p = format!("model.layers.{i}");
             let mixer = match kind.mixer {
                 MixerKind::Kda => Mixer::Kda(Kda::load(src, i, d, &cfg.kda, eps)?),
-                MixerKind::Mla => Mixer::Mla(Mla::load(src, i, d, &cfg.mla)?),
+                MixerKind::Mla => Mixer::Mla(Mla::load(src, i, d, &cfg.mla, eps)?),
             };
             let ffn = match kind.ffn {
-                FfnKind::Dense => Ffn::Dense(Mlp::load(
-                    src,
-                    &format!("{p}.mlp"),
-                    d,
-                    cfg.intermediate_size,
-                    cfg.activation,
-                )?),
+                FfnKind::Dense => {
+                    Ffn::Dense(Mlp::load(src, &format!("{p}.mlp"), d, cfg.intermediate_size, cfg.activation)?)
+                }
                 FfnKind::Moe => Ffn::Moe(Moe::load(src, i, d, &cfg.moe, cfg.activation, eps)?),
             };
             let res = match cfg.attn_res_block_size {
@@ -137,49 +134,41 @@ impl KimiModel {
             .collect()
     }
 
-    fn mixer(
-        &self,
-        b: &Block,
-        x: &[f32],
-        t: usize,
-        st: &mut LayerState,
-        threads: usize,
-    ) -> Vec<f32> {
+    fn mixer(&self, b: &Block, x: &[f32], t: usize, st: &mut LayerState, cx: Compute) -> Vec<f32> {
         let mut h = vec![0f32; x.len()];
         ops::rmsnorm(&mut h, x, &b.norm_in, self.cfg.rms_norm_eps as f32);
         match (&b.mixer, st) {
-            (Mixer::Kda(k), LayerState::Kda(s)) => k.forward(&h, t, s, threads),
-            (Mixer::Mla(m), LayerState::Mla(c)) => m.forward(&h, t, c, threads),
+            (Mixer::Kda(k), LayerState::Kda(s)) => k.forward(&h, t, s, cx),
+            (Mixer::Mla(m), LayerState::Mla(c)) => m.forward(&h, t, c, cx),
             _ => unreachable!("state kinds are created from the same layer list"),
         }
     }
 
-    fn ffn(&self, b: &Block, x: &[f32], t: usize, threads: usize) -> Vec<f32> {
+    fn ffn(&self, b: &Block, x: &[f32], t: usize, cx: Compute) -> Vec<f32> {
         let mut h = vec![0f32; x.len()];
         ops::rmsnorm(&mut h, x, &b.norm_post, self.cfg.rms_norm_eps as f32);
         match &b.ffn {
-            Ffn::Dense(m) => m.forward(&h, t, threads),
-            Ffn::Moe(m) => m.forward(&h, t, threads),
+            Ffn::Dense(m) => m.forward(&h, t, cx),
+            Ffn::Moe(m) => m.forward(&h, t, cx),
         }
     }
 
     /// Run `tokens` through the stack, advancing `state`; returns the final-norm hidden states
     /// [T, C] (the caller applies the head to the rows it needs).
-    pub fn hidden(&self, tokens: &[u32], state: &mut [LayerState], threads: usize) -> Vec<f32> {
+    pub fn hidden(&self, tokens: &[u32], state: &mut [LayerState], cx: Compute) -> Vec<f32> {
         let d = self.cfg.hidden_size;
         let t = tokens.len();
         let eps = self.cfg.rms_norm_eps as f32;
         let mut x = vec![0f32; t * d];
         for (r, &tok) in tokens.iter().enumerate() {
-            self.embed
-                .row_into(tok as usize, &mut x[r * d..(r + 1) * d]);
+            self.embed.row_into(tok as usize, &mut x[r * d..(r + 1) * d]);
         }
         let h = match self.cfg.attn_res_block_size {
             None => {
                 for (b, st) in self.blocks.iter().zip(state.iter_mut()) {
-                    let a = self.mixer(b, &x, t, st, threads);
+                    let a = self.mixer(b, &x, t, st, cx);
                     ops::axpy(&mut x, 1.0, &a);
-                    let m = self.ffn(b, &x, t, threads);
+                    let m = self.ffn(b, &x, t, cx);
                     ops::axpy(&mut x, 1.0, &m);
                 }
                 x
@@ -188,23 +177,16 @@ impl KimiModel {
                 let mut bank: Vec<Vec<f32>> = Vec::new();
                 let mut prefix = Some(x);
                 for (i, (b, st)) in self.blocks.iter().zip(state.iter_mut()).enumerate() {
-                    let (attn_score, mlp_score) = b
-                        .res
-                        .as_ref()
-                        .expect("AttnRes scores loaded with the block size");
+                    let (attn_score, mlp_score) = b.res.as_ref().expect("AttnRes scores loaded with the block size");
                     let cur = prefix.take().expect("prefix between layers");
-                    let mixed = if bank.is_empty() {
-                        cur.clone()
-                    } else {
-                        attn_res_mix(&cur, &bank, attn_score, eps)
-                    };
+                    let mixed = if bank.is_empty() { cur.clone() } else { attn_res_mix(&cur, &bank, attn_score, eps) };
                     let cur = if i % block == 0 {
                         bank.push(cur); // seal the finished block (layer 0 seals the embedding)
                         None
                     } else {
                         Some(cur)
                     };
-                    let a = self.mixer(b, &mixed, t, st, threads);
+                    let a = self.mixer(b, &mixed, t, st, cx);
                     let mut cur = match cur {
                         Some(mut c) => {
                             ops::axpy(&mut c, 1.0, &a);
@@ -213,17 +195,12 @@ impl KimiModel {
                         None => a,
                     };
                     let z = attn_res_mix(&cur, &bank, mlp_score, eps);
-                    let m = self.ffn(b, &z, t, threads);
+                    let m = self.ffn(b, &z, t, cx);
                     ops::axpy(&mut cur, 1.0, &m);
                     prefix = Some(cur);
                 }
                 let cur = prefix.expect("prefix after the last layer");
-                attn_res_mix(
-                    &cur,
-                    &bank,
-                    self.out_res.as_ref().expect("output AttnRes score"),
-                    eps,
-                )
+                attn_res_mix(&cur, &bank, self.out_res.as_ref().expect("output AttnRes score"), eps)
             }
         };
         let mut out = vec![0f32; h.len()];

@@ -19,12 +19,7 @@ impl Matrix {
     /// An f32 matrix from values in row-major order.
     pub fn from_f32(rows: usize, cols: usize, v: &[f32]) -> Self {
         debug_assert_eq!(v.len(), rows * cols);
-        Self {
-            rows,
-            cols,
-            ty: GgmlType::F32,
-            data: GgmlType::F32.quantize_row(v),
-        }
+        Self { rows, cols, ty: GgmlType::F32, data: GgmlType::F32.quantize_row(v) }
     }
 
     pub fn row_bytes(&self) -> usize {
@@ -44,12 +39,7 @@ impl Matrix {
     /// Rows `start..start+n` as a new matrix (e.g. one head's block of an absorbed MLA matrix).
     pub fn slice_rows(&self, start: usize, n: usize) -> Matrix {
         let b = self.row_bytes();
-        Matrix {
-            rows: n,
-            cols: self.cols,
-            ty: self.ty,
-            data: self.data[start * b..(start + n) * b].to_vec(),
-        }
+        Matrix { rows: n, cols: self.cols, ty: self.ty, data: self.data[start * b..(start + n) * b].to_vec() }
     }
 
     /// Reorder rows: `out[i] = self[perm[i]]` (Llama's Q/K un-permutation).
@@ -59,12 +49,7 @@ impl Matrix {
         for &p in perm {
             data.extend_from_slice(&self.data[p * b..(p + 1) * b]);
         }
-        Matrix {
-            rows: self.rows,
-            cols: self.cols,
-            ty: self.ty,
-            data,
-        }
+        Matrix { rows: self.rows, cols: self.cols, ty: self.ty, data }
     }
 
     /// Bytes of weight data (for bandwidth figures).
@@ -72,22 +57,38 @@ impl Matrix {
         self.data.len()
     }
 
-    /// `Y[t, o] = Σ_i X[t, i] · W[o, i]` over `t` rows of x, on `threads` threads.
+    /// `Y[t, o] = Σ_i X[t, i] · W[o, i]` over `t` rows of x.
+    ///
+    /// Like ggml, a non-f32 weight multiplies an activation row quantized on the fly to the
+    /// weight's `vec_dot_type` (Q8_0 / Q8_1 / F16 / BF16) with integer block dots, unless
+    /// `cx.exact` asks for f32 activations against the dequantized weight (the reference).
     ///
     /// # Shapes
     /// x: [T, cols] → y: [T, rows]
-    pub fn matmul(&self, x: &[f32], t: usize, y: &mut [f32], threads: usize) {
+    pub fn matmul(&self, x: &[f32], t: usize, y: &mut [f32], cx: Compute) {
         debug_assert_eq!(x.len(), t * self.cols);
         debug_assert_eq!(y.len(), t * self.rows);
         let (rows, cols) = (self.rows, self.cols);
-        // Work split over output rows; each worker owns a column band of Y (strided writes are
-        // gathered per worker, then scattered, to keep the borrow simple).
+        let quantized_acts = !cx.exact && self.ty != GgmlType::F32;
+        let xq: Vec<Vec<u8>> = if quantized_acts {
+            (0..t).map(|r| self.ty.quantize_activation(&x[r * cols..(r + 1) * cols])).collect()
+        } else {
+            Vec::new()
+        };
         let work = rows * cols * t;
-        let threads = if work < 1 << 16 { 1 } else { threads.max(1) };
+        let threads = if work < 1 << 16 { 1 } else { cx.threads.max(1) };
+        // Work split over output rows; each worker fills a band [rows_lo..hi, T] then it is scattered.
         let parts = par_chunks(rows, threads, |lo, hi| {
             let mut band = vec![0f32; (hi - lo) * t];
             let mut w = vec![0f32; cols];
             for o in lo..hi {
+                if quantized_acts {
+                    let wr = self.row_raw(o);
+                    for (r, xr) in xq.iter().enumerate() {
+                        band[(o - lo) * t + r] = self.ty.vec_dot(wr, xr);
+                    }
+                    continue;
+                }
                 let wr: &[f32] = if self.ty == GgmlType::F32 {
                     bytemuck_f32(self.row_raw(o), &mut w)
                 } else {
@@ -110,15 +111,36 @@ impl Matrix {
     }
 
     /// `y = W x` for one vector.
-    pub fn matvec(&self, x: &[f32], y: &mut [f32], threads: usize) {
-        self.matmul(x, 1, y, threads)
+    pub fn matvec(&self, x: &[f32], y: &mut [f32], cx: Compute) {
+        self.matmul(x, 1, y, cx)
     }
 
     /// Convenience: a freshly allocated `[T, rows]` output.
-    pub fn apply(&self, x: &[f32], t: usize, threads: usize) -> Vec<f32> {
+    pub fn apply(&self, x: &[f32], t: usize, cx: Compute) -> Vec<f32> {
         let mut y = vec![0f32; t * self.rows];
-        self.matmul(x, t, &mut y, threads);
+        self.matmul(x, t, &mut y, cx);
         y
+    }
+}
+
+/// How matmuls run: thread count, and whether activations stay f32 (`exact`) or are quantized
+/// to the weight's activation type as llama.cpp does (the default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Compute {
+    pub threads: usize,
+    pub exact: bool,
+}
+
+impl Default for Compute {
+    fn default() -> Self {
+        Self { threads: 1, exact: false }
+    }
+}
+
+impl Compute {
+    /// Single-threaded, same activation mode.
+    pub fn single(self) -> Self {
+        Self { threads: 1, ..self }
     }
 }
 
@@ -141,33 +163,29 @@ mod tests {
         let (rows, cols, t) = (37, 64, 5);
         let w = rng.normals(rows * cols, 0.5);
         let x = rng.normals(t * cols, 1.0);
-        for ty in [
-            GgmlType::F32,
-            GgmlType::F16,
-            GgmlType::BF16,
-            GgmlType::Q8_0,
-            GgmlType::Q4_0,
-            GgmlType::Q4_1,
-        ] {
-            let m = Matrix {
-                rows,
-                cols,
-                ty,
-                data: w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect(),
-            };
+        for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
+            let m = Matrix { rows, cols, ty, data: w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect() };
             let mut deq = vec![0f32; cols];
             let mut want = vec![0f32; t * rows];
             for o in 0..rows {
                 m.row_into(o, &mut deq);
                 for r in 0..t {
-                    want[r * rows + o] = (0..cols)
-                        .map(|i| x[r * cols + i] as f64 * deq[i] as f64)
-                        .sum::<f64>() as f32;
+                    want[r * rows + o] = (0..cols).map(|i| x[r * cols + i] as f64 * deq[i] as f64).sum::<f64>() as f32;
                 }
             }
             for threads in [1, 3] {
-                let got = m.apply(&x, t, threads);
+                let got = m.apply(&x, t, Compute { threads, exact: true });
                 assert_close_abs(&format!("{} x{threads}", ty.name()), &got, &want, 1e-4);
+                // ggml's path (activations quantized to vec_dot_type): within the activation
+                // rounding (8-bit for the integer types), measured as an RMS-error ratio.
+                let q = m.apply(&x, t, Compute { threads, exact: false });
+                let tol = if ty == GgmlType::F32 { 1e-6 } else { 2e-2 };
+                k3_kernels::testing::assert_close_ratio(
+                    &format!("{} quantized acts x{threads}", ty.name()),
+                    &q,
+                    &want,
+                    tol,
+                );
             }
         }
     }

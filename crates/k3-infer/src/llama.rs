@@ -6,7 +6,7 @@ use k3_config::{Activation, LlamaConfig};
 use k3_kernels::{attention, ops};
 
 use crate::ffn::Mlp;
-use crate::linear::Matrix;
+use crate::linear::{Compute, Matrix};
 use crate::source::Source;
 use crate::Result;
 
@@ -39,7 +39,9 @@ pub struct LlamaModel {
 impl LlamaModel {
     pub fn load(src: &Source, cfg: &LlamaConfig) -> Result<Self> {
         if cfg.attention_bias || cfg.mlp_bias {
-            return Err(crate::Error::Invalid("Llama checkpoints with attention/MLP biases are not supported by the native engine yet".into()));
+            return Err(crate::Error::Invalid(
+                "Llama checkpoints with attention/MLP biases are not supported by the native engine yet".into(),
+            ));
         }
         let (d, hd) = (cfg.hidden_size, cfg.head_dim);
         let (hq, hkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
@@ -51,20 +53,12 @@ impl LlamaModel {
                 k: src.llama_attn(i, "k", hkv * hd, d, hkv)?,
                 v: src.llama_attn(i, "v", hkv * hd, d, hkv)?,
                 o: src.llama_attn(i, "o", d, hq * hd, hq)?,
-                mlp: Mlp::load(
-                    src,
-                    &format!("{p}.mlp"),
-                    d,
-                    cfg.intermediate_size,
-                    Activation::Silu,
-                )?,
+                mlp: Mlp::load(src, &format!("{p}.mlp"), d, cfg.intermediate_size, Activation::Silu)?,
                 norm_in: src.vector(&format!("{p}.input_layernorm.weight"), d)?,
                 norm_post: src.vector(&format!("{p}.post_attention_layernorm.weight"), d)?,
             });
         }
-        let inv_freq = (0..hd / 2)
-            .map(|i| (cfg.rope_theta as f32).powf(-2.0 * i as f32 / hd as f32))
-            .collect();
+        let inv_freq = (0..hd / 2).map(|i| (cfg.rope_theta as f32).powf(-2.0 * i as f32 / hd as f32)).collect();
         Ok(Self {
             cfg: cfg.clone(),
             embed: src.embedding(cfg.vocab_size, d)?,
@@ -97,38 +91,36 @@ impl LlamaModel {
     }
 
     /// Final-norm hidden states [T, C] for `tokens`, advancing the cache.
-    pub fn hidden(&self, tokens: &[u32], state: &mut [KvCache], threads: usize) -> Vec<f32> {
+    pub fn hidden(&self, tokens: &[u32], state: &mut [KvCache], cx: Compute) -> Vec<f32> {
         let c = &self.cfg;
-        let (d, hd, hq, hkv) = (
-            c.hidden_size,
-            c.head_dim,
-            c.num_attention_heads,
-            c.num_key_value_heads,
-        );
+        let (d, hd, hq, hkv) = (c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads);
         let eps = c.rms_norm_eps as f32;
         let t = tokens.len();
         let mut x = vec![0f32; t * d];
         for (r, &tok) in tokens.iter().enumerate() {
-            self.embed
-                .row_into(tok as usize, &mut x[r * d..(r + 1) * d]);
+            self.embed.row_into(tok as usize, &mut x[r * d..(r + 1) * d]);
         }
         let mut h = vec![0f32; t * d];
         for (l, cache) in self.layers.iter().zip(state.iter_mut()) {
             ops::rmsnorm(&mut h, &x, &l.norm_in, eps);
             let past = cache.k.len() / (hkv * hd);
-            let mut q = l.q.apply(&h, t, threads);
-            let mut k = l.k.apply(&h, t, threads);
-            let v = l.v.apply(&h, t, threads);
+            let mut q = l.q.apply(&h, t, cx);
+            let mut k = l.k.apply(&h, t, cx);
+            let v = l.v.apply(&h, t, cx);
             self.rope(&mut q, hq, past);
             self.rope(&mut k, hkv, past);
-            cache.k.extend_from_slice(&k);
-            cache.v.extend_from_slice(&v);
+            // llama.cpp's K/V cache is f16; outside exact mode hold the same values.
+            let half = |v: &[f32]| -> Vec<f32> {
+                v.iter().map(|&x| if cx.exact { x } else { attention::round_f16(x) }).collect()
+            };
+            cache.k.extend_from_slice(&half(&k));
+            cache.v.extend_from_slice(&half(&v));
             let mut att = vec![0f32; t * hq * hd];
-            attention::gqa_attend_ref(&mut att, &q, &cache.k, &cache.v, hq, hkv, hd, past);
-            let o = l.o.apply(&att, t, threads);
+            attention::gqa_attend_ref(&mut att, &q, &cache.k, &cache.v, hq, hkv, hd, past, !cx.exact);
+            let o = l.o.apply(&att, t, cx);
             ops::axpy(&mut x, 1.0, &o);
             ops::rmsnorm(&mut h, &x, &l.norm_post, eps);
-            let m = l.mlp.forward(&h, t, threads);
+            let m = l.mlp.forward(&h, t, cx);
             ops::axpy(&mut x, 1.0, &m);
         }
         ops::rmsnorm(&mut h, &x, &self.norm, eps);

@@ -6,21 +6,16 @@
 use k3_config::MlaConfig;
 use k3_kernels::{attention, ops};
 
-use crate::linear::Matrix;
+use crate::linear::{Compute, Matrix};
 use crate::source::Source;
 use crate::Result;
 
-/// Transformers and Moonshot use eps 1e-6 in the two latent RMSNorms.
+/// Transformers and Moonshot use eps 1e-6 in the two latent RMSNorms (llama.cpp: rms_norm_eps).
 const LATENT_EPS: f32 = 1e-6;
 
 pub enum QProj {
     Plain(Matrix),
-    Lora {
-        a: Matrix,
-        a_bias: Option<Vec<f32>>,
-        norm: Vec<f32>,
-        b: Matrix,
-    },
+    Lora { a: Matrix, a_bias: Option<Vec<f32>>, norm: Vec<f32>, b: Matrix },
 }
 
 pub struct Mla {
@@ -38,6 +33,8 @@ pub struct Mla {
     dr: usize,
     dv: usize,
     r: usize,
+    /// rms_norm_eps, which llama.cpp uses for the latent norms too.
+    eps: f32,
 }
 
 fn add_bias(y: &mut [f32], b: &Option<Vec<f32>>) {
@@ -49,7 +46,7 @@ fn add_bias(y: &mut [f32], b: &Option<Vec<f32>>) {
 }
 
 impl Mla {
-    pub fn load(src: &Source, i: usize, hidden: usize, cfg: &MlaConfig) -> Result<Self> {
+    pub fn load(src: &Source, i: usize, hidden: usize, cfg: &MlaConfig, eps: f64) -> Result<Self> {
         let p = format!("model.layers.{i}.self_attn");
         let (h, qk) = (cfg.num_heads, cfg.qk_head_dim());
         let bias = |name: &str, n: usize| -> Result<Option<Vec<f32>>> {
@@ -76,9 +73,7 @@ impl Mla {
             kv_a_bias: bias("kv_a_proj_with_mqa", r + dr)?,
             kv_norm: src.vector(&format!("{p}.kv_a_layernorm.weight"), r)?,
             k_b: (0..h).map(|hh| k_b.slice_rows(hh * r, r)).collect(),
-            v_b: (0..h)
-                .map(|hh| v_b.slice_rows(hh * cfg.v_head_dim, cfg.v_head_dim))
-                .collect(),
+            v_b: (0..h).map(|hh| v_b.slice_rows(hh * cfg.v_head_dim, cfg.v_head_dim)).collect(),
             o: src.matrix(&format!("{p}.o_proj.weight"), hidden, h * cfg.v_head_dim)?,
             o_bias: bias("o_proj", hidden)?,
             gate: if cfg.output_gate {
@@ -91,6 +86,7 @@ impl Mla {
             dr,
             dv: cfg.v_head_dim,
             r,
+            eps: eps as f32,
         })
     }
 
@@ -101,57 +97,61 @@ impl Mla {
 
     /// # Shapes
     /// x: [T, C] (after `input_layernorm`); cache: [S, R + Dr] (grows by T) → [T, C]
-    pub fn forward(&self, x: &[f32], t: usize, cache: &mut Vec<f32>, threads: usize) -> Vec<f32> {
+    pub fn forward(&self, x: &[f32], t: usize, cache: &mut Vec<f32>, cx: Compute) -> Vec<f32> {
         let (h, dn, dr, dv, r) = (self.h, self.dn, self.dr, self.dv, self.r);
         let qk = dn + dr;
+        let latent_eps = if cx.exact { LATENT_EPS } else { self.eps };
         let q = match &self.q {
-            QProj::Plain(m) => m.apply(x, t, threads),
+            QProj::Plain(m) => m.apply(x, t, cx),
             QProj::Lora { a, a_bias, norm, b } => {
-                let mut qa = a.apply(x, t, threads);
+                let mut qa = a.apply(x, t, cx);
                 add_bias(&mut qa, a_bias);
                 let mut qn = vec![0f32; qa.len()];
-                ops::rmsnorm(&mut qn, &qa, norm, LATENT_EPS);
-                b.apply(&qn, t, threads)
+                ops::rmsnorm(&mut qn, &qa, norm, latent_eps);
+                b.apply(&qn, t, cx)
             }
         }; // [T, H·(Dn+Dr)]
-        let mut ckv = self.kv_a.apply(x, t, threads); // [T, R+Dr]
+        let mut ckv = self.kv_a.apply(x, t, cx); // [T, R+Dr]
         add_bias(&mut ckv, &self.kv_a_bias);
         let past = cache.len() / (r + dr);
         for row in ckv.chunks_exact(r + dr) {
             let mut c = vec![0f32; r];
-            ops::rmsnorm(&mut c, &row[..r], &self.kv_norm, LATENT_EPS);
-            cache.extend_from_slice(&c);
-            cache.extend_from_slice(&row[r..]); // k_r: shared by all heads, no rotary (NoPE)
+            ops::rmsnorm(&mut c, &row[..r], &self.kv_norm, latent_eps);
+            // llama.cpp keeps this cache in f16; outside exact mode we hold the same values.
+            let half = |v: &[f32]| -> Vec<f32> {
+                v.iter().map(|&x| if cx.exact { x } else { attention::round_f16(x) }).collect()
+            };
+            cache.extend_from_slice(&half(&c));
+            cache.extend_from_slice(&half(&row[r..])); // k_r: shared by all heads, no rotary (NoPE)
         }
         let scale = 1.0 / (qk as f32).sqrt();
         let mut att = vec![0f32; t * h * dv];
-        let (mut q_abs, mut q_r, mut lat) =
-            (vec![0f32; h * r], vec![0f32; h * dr], vec![0f32; h * r]);
+        let (mut q_abs, mut q_r, mut lat) = (vec![0f32; h * r], vec![0f32; h * dr], vec![0f32; h * r]);
         for tt in 0..t {
             let qrow = &q[tt * h * qk..(tt + 1) * h * qk];
             for hh in 0..h {
                 // q̃ = W_ukᵀ q_nope: rows h·R..h·R+R of k_b dotted with q_nope^h
                 let qn = &qrow[hh * qk..hh * qk + dn];
-                self.k_b[hh].matvec(qn, &mut q_abs[hh * r..(hh + 1) * r], 1);
+                self.k_b[hh].matvec(qn, &mut q_abs[hh * r..(hh + 1) * r], cx.single());
                 q_r[hh * dr..(hh + 1) * dr].copy_from_slice(&qrow[hh * qk + dn..(hh + 1) * qk]);
             }
             let visible = &cache[..(past + tt + 1) * (r + dr)]; // causal
-            attention::mla_attend_ref(&mut lat, &q_abs, &q_r, visible, r, dr, scale);
+            attention::mla_attend_ref(&mut lat, &q_abs, &q_r, visible, r, dr, scale, !cx.exact);
             for hh in 0..h {
                 self.v_b[hh].matvec(
                     &lat[hh * r..(hh + 1) * r],
                     &mut att[(tt * h + hh) * dv..(tt * h + hh + 1) * dv],
-                    1,
+                    cx.single(),
                 );
             }
         }
         if let Some(g) = &self.gate {
-            let gv = g.apply(x, t, threads); // gate from the mixer input
+            let gv = g.apply(x, t, cx); // gate from the mixer input
             for (a, b) in att.iter_mut().zip(&gv) {
                 *a *= ops::sigmoid(*b);
             }
         }
-        let mut y = self.o.apply(&att, t, threads);
+        let mut y = self.o.apply(&att, t, cx);
         add_bias(&mut y, &self.o_bias);
         y
     }

@@ -5,6 +5,7 @@ use std::path::Path;
 use k3_config::ModelConfig;
 
 use crate::kimi::{KimiModel, LayerState};
+use crate::linear::Compute;
 use crate::llama::{KvCache, LlamaModel};
 use crate::source::Source;
 use crate::{Error, Result};
@@ -58,7 +59,8 @@ pub struct Model {
     pub config: ModelConfig,
     /// Maximum positions per sequence (from the config; the engine refuses longer inputs).
     pub n_ctx: usize,
-    pub threads: usize,
+    /// Threads and activation precision for every matmul.
+    pub compute: Compute,
 }
 
 impl Model {
@@ -74,15 +76,7 @@ impl Model {
             ModelConfig::Kimi(c) => c.max_position_embeddings,
             ModelConfig::Llama(c) => c.max_position_embeddings,
         };
-        Ok((
-            Self {
-                net,
-                config,
-                n_ctx,
-                threads: 1,
-            },
-            warnings,
-        ))
+        Ok((Self { net, config, n_ctx, compute: Compute::default() }, warnings))
     }
 
     pub fn vocab_size(&self) -> usize {
@@ -106,9 +100,7 @@ impl Model {
         }
         let v = self.vocab_size();
         if let Some(bad) = tokens.iter().find(|&&x| x as usize >= v) {
-            return Err(Error::Invalid(format!(
-                "token id {bad} is outside the vocabulary (vocab_size {v})"
-            )));
+            return Err(Error::Invalid(format!("token id {bad} is outside the vocabulary (vocab_size {v})")));
         }
         if st.pos + tokens.len() > self.n_ctx {
             return Err(Error::Invalid(format!(
@@ -119,23 +111,15 @@ impl Model {
         }
         let t = tokens.len();
         let (hidden, head) = match (&self.net, &mut st.layers) {
-            (Net::Kimi(m), SeqLayers::Kimi(ls)) => {
-                (m.hidden(tokens, ls, self.threads), m.lm_head())
-            }
-            (Net::Llama(m), SeqLayers::Llama(ls)) => {
-                (m.hidden(tokens, ls, self.threads), m.lm_head())
-            }
-            _ => {
-                return Err(Error::Invalid(
-                    "a sequence state from another model was passed".into(),
-                ))
-            }
+            (Net::Kimi(m), SeqLayers::Kimi(ls)) => (m.hidden(tokens, ls, self.compute), m.lm_head()),
+            (Net::Llama(m), SeqLayers::Llama(ls)) => (m.hidden(tokens, ls, self.compute), m.lm_head()),
+            _ => return Err(Error::Invalid("a sequence state from another model was passed".into())),
         };
         st.pos += t;
         let d = self.config.hidden_size();
         Ok(match which {
-            Logits::All => head.apply(&hidden, t, self.threads),
-            Logits::Last => head.apply(&hidden[(t - 1) * d..], 1, self.threads),
+            Logits::All => head.apply(&hidden, t, self.compute),
+            Logits::Last => head.apply(&hidden[(t - 1) * d..], 1, self.compute),
         })
     }
 }

@@ -7,7 +7,7 @@ use k3_config::{Activation, MoeConfig};
 use k3_kernels::ops;
 
 use crate::ffn::{glu_inplace, Mlp};
-use crate::linear::Matrix;
+use crate::linear::{Compute, Matrix};
 use crate::source::{ExpertPart, Source};
 use crate::Result;
 
@@ -29,14 +29,7 @@ pub struct Moe {
 }
 
 impl Moe {
-    pub fn load(
-        src: &Source,
-        i: usize,
-        hidden: usize,
-        cfg: &MoeConfig,
-        act: Activation,
-        eps: f64,
-    ) -> Result<Self> {
+    pub fn load(src: &Source, i: usize, hidden: usize, cfg: &MoeConfig, act: Activation, eps: f64) -> Result<Self> {
         let p = format!("model.layers.{i}.block_sparse_moe");
         let e = cfg.num_experts;
         let width = cfg.latent.map_or(hidden, |l| l.dim);
@@ -51,30 +44,12 @@ impl Moe {
             })
             .collect::<Result<Vec<_>>>()?;
         let fs = fe * cfg.num_shared_experts;
-        let shared = if fs > 0 {
-            Some(Mlp::load(
-                src,
-                &format!("{p}.shared_experts"),
-                hidden,
-                fs,
-                act,
-            )?)
-        } else {
-            None
-        };
+        let shared = if fs > 0 { Some(Mlp::load(src, &format!("{p}.shared_experts"), hidden, fs, act)?) } else { None };
         let latent = match cfg.latent {
             Some(l) => Some((
-                src.matrix(
-                    &format!("{p}.routed_expert_down_proj.weight"),
-                    l.dim,
-                    hidden,
-                )?,
+                src.matrix(&format!("{p}.routed_expert_down_proj.weight"), l.dim, hidden)?,
                 src.matrix(&format!("{p}.routed_expert_up_proj.weight"), hidden, l.dim)?,
-                if l.use_norm {
-                    Some(src.vector(&format!("{p}.routed_expert_norm.weight"), l.dim)?)
-                } else {
-                    None
-                },
+                if l.use_norm { Some(src.vector(&format!("{p}.routed_expert_norm.weight"), l.dim)?) } else { None },
             )),
             None => None,
         };
@@ -120,9 +95,7 @@ impl Moe {
                 .collect();
             groups.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
             for &(_, gi) in &groups[c.topk_group..] {
-                choice[gi * per..(gi + 1) * per]
-                    .iter_mut()
-                    .for_each(|x| *x = f32::NEG_INFINITY);
+                choice[gi * per..(gi + 1) * per].iter_mut().for_each(|x| *x = f32::NEG_INFINITY);
             }
         }
         let mut idx: Vec<usize> = (0..e).collect();
@@ -133,20 +106,17 @@ impl Moe {
             let s: f32 = w.iter().sum::<f32>() + 1e-20;
             w.iter_mut().for_each(|x| *x /= s);
         }
-        idx.into_iter()
-            .zip(w)
-            .map(|(x, wv)| (x, wv * c.routed_scaling_factor as f32))
-            .collect()
+        idx.into_iter().zip(w).map(|(x, wv)| (x, wv * c.routed_scaling_factor as f32)).collect()
     }
 
     /// # Shapes
     /// x: [T, C] → [T, C]
-    pub fn forward(&self, x: &[f32], t: usize, threads: usize) -> Vec<f32> {
+    pub fn forward(&self, x: &[f32], t: usize, cx: Compute) -> Vec<f32> {
         let c = x.len() / t;
-        let mut logits = self.router.apply(x, t, threads); // [T, E]
+        let mut logits = self.router.apply(x, t, cx); // [T, E]
         logits.iter_mut().for_each(|v| *v = ops::sigmoid(*v));
         let z = match &self.latent {
-            Some((down, _, _)) => down.apply(x, t, threads),
+            Some((down, _, _)) => down.apply(x, t, cx),
             None => x.to_vec(),
         };
         let width = z.len() / t;
@@ -156,10 +126,10 @@ impl Moe {
             let zr = &z[r * width..(r + 1) * width];
             for (ex, wv) in self.select(&logits[r * e..(r + 1) * e]) {
                 let expert = &self.experts[ex];
-                let mut g = expert.gate.apply(zr, 1, threads);
-                let u = expert.up.apply(zr, 1, threads);
+                let mut g = expert.gate.apply(zr, 1, cx);
+                let u = expert.up.apply(zr, 1, cx);
                 glu_inplace(&mut g, &u, self.act);
-                let y = expert.down.apply(&g, 1, threads);
+                let y = expert.down.apply(&g, 1, cx);
                 ops::axpy(&mut acc[r * width..(r + 1) * width], wv, &y);
             }
         }
@@ -169,12 +139,12 @@ impl Moe {
                     let src = acc.clone();
                     ops::rmsnorm(&mut acc, &src, nw, self.eps);
                 }
-                up.apply(&acc, t, threads)
+                up.apply(&acc, t, cx)
             }
             None => acc,
         };
         if let Some(s) = &self.shared {
-            let sh = s.forward(x, t, threads);
+            let sh = s.forward(x, t, cx);
             ops::axpy(&mut y, 1.0, &sh);
         }
         debug_assert_eq!(y.len(), t * c);

@@ -19,15 +19,7 @@ pub struct SamplerConfig {
 
 impl Default for SamplerConfig {
     fn default() -> Self {
-        Self {
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            repetition_penalty: 1.0,
-            repeat_last_n: 64,
-            seed: 0,
-        }
+        Self { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, repetition_penalty: 1.0, repeat_last_n: 64, seed: 0 }
     }
 }
 
@@ -61,28 +53,16 @@ impl Sampler {
             for &tok in &history[start..] {
                 if seen.insert(tok) {
                     let x = &mut l[tok as usize];
-                    *x = if *x > 0.0 {
-                        *x / c.repetition_penalty
-                    } else {
-                        *x * c.repetition_penalty
-                    };
+                    *x = if *x > 0.0 { *x / c.repetition_penalty } else { *x * c.repetition_penalty };
                 }
             }
         }
-        let argmax = || {
-            l.iter()
-                .enumerate()
-                .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0)))
-                .map_or(0, |(i, _)| i as u32)
-        };
+        let argmax =
+            || l.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0))).map_or(0, |(i, _)| i as u32);
         if c.temperature <= 0.0 {
             return argmax();
         }
-        let mut cand: Vec<(usize, f32)> = l
-            .iter()
-            .enumerate()
-            .map(|(i, &x)| (i, x / c.temperature))
-            .collect();
+        let mut cand: Vec<(usize, f32)> = l.iter().enumerate().map(|(i, &x)| (i, x / c.temperature)).collect();
         cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         if c.top_k > 0 {
             cand.truncate(c.top_k);
@@ -93,12 +73,7 @@ impl Sampler {
         p.iter_mut().for_each(|x| *x /= z);
         let mut keep = p.len();
         if c.min_p > 0.0 {
-            keep = keep.min(
-                p.iter()
-                    .take_while(|&&x| x >= c.min_p * p[0])
-                    .count()
-                    .max(1),
-            );
+            keep = keep.min(p.iter().take_while(|&&x| x >= c.min_p * p[0]).count().max(1));
         }
         if c.top_p < 1.0 {
             let mut acc = 0.0;
@@ -134,31 +109,13 @@ mod tests {
         let mut s = Sampler::new(SamplerConfig::default());
         assert_eq!(s.sample(&logits, &[]), 1);
         // repetition penalty pushes the repeated best below the runner-up
-        let mut s = Sampler::new(SamplerConfig {
-            repetition_penalty: 1.5,
-            ..Default::default()
-        });
+        let mut s = Sampler::new(SamplerConfig { repetition_penalty: 1.5, ..Default::default() });
         assert_eq!(s.sample(&logits, &[1]), 2);
         // top-k 2 only ever returns the two best; min-p 0.5 forbids the tail
         for cfg in [
-            SamplerConfig {
-                temperature: 1.0,
-                top_k: 2,
-                seed: 7,
-                ..Default::default()
-            },
-            SamplerConfig {
-                temperature: 1.0,
-                min_p: 0.5,
-                seed: 7,
-                ..Default::default()
-            },
-            SamplerConfig {
-                temperature: 1.0,
-                top_p: 0.6,
-                seed: 7,
-                ..Default::default()
-            },
+            SamplerConfig { temperature: 1.0, top_k: 2, seed: 7, ..Default::default() },
+            SamplerConfig { temperature: 1.0, min_p: 0.5, seed: 7, ..Default::default() },
+            SamplerConfig { temperature: 1.0, top_p: 0.6, seed: 7, ..Default::default() },
         ] {
             let mut s = Sampler::new(cfg.clone());
             for _ in 0..200 {
@@ -168,11 +125,7 @@ mod tests {
         }
         // same seed, same draws; different seed, different draws
         let draw = |seed| {
-            let mut s = Sampler::new(SamplerConfig {
-                temperature: 2.0,
-                seed,
-                ..Default::default()
-            });
+            let mut s = Sampler::new(SamplerConfig { temperature: 2.0, seed, ..Default::default() });
             (0..50).map(|_| s.sample(&logits, &[])).collect::<Vec<_>>()
         };
         assert_eq!(draw(1), draw(1));

@@ -23,15 +23,8 @@ pub enum ExpertPart {
 }
 
 pub enum Source {
-    Hf {
-        ck: Checkpoint,
-        specs: Vec<TensorSpec>,
-    },
-    Gguf {
-        file: GgufFile,
-        arch: GgufArch,
-        config: ModelConfig,
-    },
+    Hf { ck: Checkpoint, specs: Vec<TensorSpec> },
+    Gguf { file: GgufFile, arch: GgufArch, config: ModelConfig },
 }
 
 impl Source {
@@ -62,14 +55,7 @@ impl Source {
                 arch.name()
             ));
         }
-        Ok((
-            Source::Gguf {
-                file,
-                arch: declared.unwrap_or(arch),
-                config,
-            },
-            warnings,
-        ))
+        Ok((Source::Gguf { file, arch: declared.unwrap_or(arch), config }, warnings))
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -88,9 +74,10 @@ impl Source {
 
     fn spec(&self, hf: &str) -> Result<&TensorSpec> {
         match self {
-            Source::Hf { specs, .. } => specs.iter().find(|s| s.name == hf).ok_or_else(|| {
-                Error::Invalid(format!("internal: `{hf}` is not in the weight contract"))
-            }),
+            Source::Hf { specs, .. } => specs
+                .iter()
+                .find(|s| s.name == hf)
+                .ok_or_else(|| Error::Invalid(format!("internal: `{hf}` is not in the weight contract"))),
             Source::Gguf { .. } => Err(Error::Invalid("internal: spec() on a GGUF source".into())),
         }
     }
@@ -114,12 +101,7 @@ impl Source {
                 info.ne
             )));
         }
-        Ok(Matrix {
-            rows,
-            cols,
-            ty,
-            data: bytes.to_vec(),
-        })
+        Ok(Matrix { rows, cols, ty, data: bytes.to_vec() })
     }
 
     fn gguf_f32(&self, name: &str, n: usize) -> Result<Vec<f32>> {
@@ -152,19 +134,11 @@ impl Source {
                             .next()
                             .and_then(|x| x.parse().ok())
                             .ok_or_else(|| Error::Invalid(format!("internal: bad name `{hf}`")))?;
-                        let kda = matches!(config, ModelConfig::Kimi(c) if c.layers[layer].mixer == k3_config::Mixer::Kda);
-                        blk(
-                            layer,
-                            if kda {
-                                "ssm_g.weight"
-                            } else {
-                                "attn_gate.weight"
-                            },
-                        )
+                        let kda =
+                            matches!(config, ModelConfig::Kimi(c) if c.layers[layer].mixer == k3_config::Mixer::Kda);
+                        blk(layer, if kda { "ssm_g.weight" } else { "attn_gate.weight" })
                     }
-                    None => {
-                        return Err(Error::Invalid(format!("internal: no GGUF name for `{hf}`")))
-                    }
+                    None => return Err(Error::Invalid(format!("internal: no GGUF name for `{hf}`"))),
                 };
                 self.gguf_matrix(&name, rows, cols)
             }
@@ -176,8 +150,7 @@ impl Source {
         match self {
             Source::Hf { .. } => self.hf_f32(hf),
             Source::Gguf { .. } => {
-                let name = gguf_name(hf)
-                    .ok_or_else(|| Error::Invalid(format!("internal: no GGUF name for `{hf}`")))?;
+                let name = gguf_name(hf).ok_or_else(|| Error::Invalid(format!("internal: no GGUF name for `{hf}`")))?;
                 Ok(self.gguf_f32(&name, n)?[..n].to_vec())
             }
         }
@@ -200,29 +173,21 @@ impl Source {
         self.matrix("lm_head.weight", vocab, hidden)
     }
 
-    /// KDA's A_log for layer `i`, one value per head (GGUF stores −exp(A_log)).
-    pub fn a_log(&self, i: usize, heads: usize) -> Result<Vec<f32>> {
+    /// KDA's decay rate `exp(A_log)` for layer `i`, one value per head. GGUF stores
+    /// `ssm_a = −exp(A_log)`, used as is (no exp/ln round trip).
+    pub fn kda_decay_rate(&self, i: usize, heads: usize) -> Result<Vec<f32>> {
         match self {
-            Source::Hf { .. } => {
-                Ok(self.hf_f32(&format!("model.layers.{i}.self_attn.A_log"))?[..heads].to_vec())
-            }
-            Source::Gguf { .. } => {
-                let a = self.gguf_f32(&blk(i, "ssm_a"), heads)?;
-                Ok(a[..heads].iter().map(|&v| (-v).ln()).collect())
-            }
+            Source::Hf { .. } => Ok(self.hf_f32(&format!("model.layers.{i}.self_attn.A_log"))?[..heads]
+                .iter()
+                .map(|a| a.exp())
+                .collect()),
+            Source::Gguf { .. } => Ok(self.gguf_f32(&blk(i, "ssm_a"), heads)?[..heads].iter().map(|&v| -v).collect()),
         }
     }
 
     /// Absorbed MLA matrices for layer `i`: `k_b` [H·R, Dn] (row h·R + r is column r of head h's
     /// W_uk) and `v_b` [H·Dv, R] (head h's W_uv), from HF `kv_b_proj` or GGUF `attn_k_b`/`attn_v_b`.
-    pub fn mla_absorbed(
-        &self,
-        i: usize,
-        h: usize,
-        r: usize,
-        dn: usize,
-        dv: usize,
-    ) -> Result<(Matrix, Matrix)> {
+    pub fn mla_absorbed(&self, i: usize, h: usize, r: usize, dn: usize, dv: usize) -> Result<(Matrix, Matrix)> {
         let split = |kv_b: &[f32]| {
             // kv_b [H·(Dn+Dv), R], rows grouped per head [k_nope^h ; v^h]
             let mut kb = vec![0f32; h * r * dn];
@@ -234,18 +199,12 @@ impl Source {
                         kb[(hh * r + c) * dn + d] = kv_b[(base + d) * r + c];
                     }
                 }
-                vb[hh * dv * r..(hh + 1) * dv * r]
-                    .copy_from_slice(&kv_b[(base + dn) * r..(base + dn + dv) * r]);
+                vb[hh * dv * r..(hh + 1) * dv * r].copy_from_slice(&kv_b[(base + dn) * r..(base + dn + dv) * r]);
             }
-            (
-                Matrix::from_f32(h * r, dn, &kb),
-                Matrix::from_f32(h * dv, r, &vb),
-            )
+            (Matrix::from_f32(h * r, dn, &kb), Matrix::from_f32(h * dv, r, &vb))
         };
         match self {
-            Source::Hf { .. } => Ok(split(
-                &self.hf_f32(&format!("model.layers.{i}.self_attn.kv_b_proj.weight"))?,
-            )),
+            Source::Hf { .. } => Ok(split(&self.hf_f32(&format!("model.layers.{i}.self_attn.kv_b_proj.weight"))?)),
             Source::Gguf { file, .. } => {
                 if file.tensor_info(&blk(i, "attn_k_b.weight")).is_some() {
                     Ok((
@@ -253,29 +212,15 @@ impl Source {
                         self.gguf_matrix(&blk(i, "attn_v_b.weight"), h * dv, r)?,
                     ))
                 } else {
-                    Ok(split(&self.gguf_f32(
-                        &blk(i, "attn_kv_b.weight"),
-                        h * (dn + dv) * r,
-                    )?))
+                    Ok(split(&self.gguf_f32(&blk(i, "attn_kv_b.weight"), h * (dn + dv) * r)?))
                 }
             }
         }
     }
 
     /// Routed expert `e` of layer `i`: gate/up [F_e, Lt], down [Lt, F_e].
-    pub fn expert(
-        &self,
-        i: usize,
-        e: usize,
-        part: ExpertPart,
-        fe: usize,
-        width: usize,
-    ) -> Result<Matrix> {
-        let (rows, cols) = if part == ExpertPart::Down {
-            (width, fe)
-        } else {
-            (fe, width)
-        };
+    pub fn expert(&self, i: usize, e: usize, part: ExpertPart, fe: usize, width: usize) -> Result<Matrix> {
+        let (rows, cols) = if part == ExpertPart::Down { (width, fe) } else { (fe, width) };
         match self {
             Source::Hf { .. } => {
                 let [w1, w3, w2] = k3_format::weights::expert_names(i, e);
@@ -296,8 +241,7 @@ impl Source {
                     },
                 );
                 let (ty, info, bytes) = file.tensor_data(&name)?;
-                if info.ne.len() != 3 || info.ne[0] as usize != cols || info.ne[1] as usize != rows
-                {
+                if info.ne.len() != 3 || info.ne[0] as usize != cols || info.ne[1] as usize != rows {
                     return Err(Error::Invalid(format!(
                         "{}: tensor `{name}` has ggml dims {:?}, expected [{cols}, {rows}, E]",
                         file.path.display(),
@@ -305,12 +249,7 @@ impl Source {
                     )));
                 }
                 let per = ty.row_bytes(cols) * rows;
-                Ok(Matrix {
-                    rows,
-                    cols,
-                    ty,
-                    data: bytes[e * per..(e + 1) * per].to_vec(),
-                })
+                Ok(Matrix { rows, cols, ty, data: bytes[e * per..(e + 1) * per].to_vec() })
             }
         }
     }
@@ -330,11 +269,8 @@ impl Source {
                 } else {
                     let rest = prefix.strip_prefix("model.layers.").unwrap_or(prefix);
                     let (layer, point) = rest.split_once('.').unwrap_or((rest, ""));
-                    let g = if point == "self_attention_res" {
-                        "attn_res_score.weight"
-                    } else {
-                        "ffn_res_score.weight"
-                    };
+                    let g =
+                        if point == "self_attention_res" { "attn_res_score.weight" } else { "ffn_res_score.weight" };
                     format!("blk.{layer}.{g}")
                 };
                 Ok(self.gguf_f32(&name, hidden)?[..hidden].to_vec())
@@ -344,19 +280,8 @@ impl Source {
 
     /// A Llama attention weight in HF row order. llama.cpp's converter permutes Q/K rows per head
     /// for its adjacent-pair RoPE (interop.md §6); undo that so one rotate-half RoPE serves both.
-    pub fn llama_attn(
-        &self,
-        i: usize,
-        which: &str,
-        rows: usize,
-        cols: usize,
-        heads: usize,
-    ) -> Result<Matrix> {
-        let m = self.matrix(
-            &format!("model.layers.{i}.self_attn.{which}_proj.weight"),
-            rows,
-            cols,
-        )?;
+    pub fn llama_attn(&self, i: usize, which: &str, rows: usize, cols: usize, heads: usize) -> Result<Matrix> {
+        let m = self.matrix(&format!("model.layers.{i}.self_attn.{which}_proj.weight"), rows, cols)?;
         match self {
             Source::Gguf { .. } if which == "q" || which == "k" => {
                 let hd = rows / heads;
@@ -388,7 +313,5 @@ impl Source {
 }
 
 fn unreachable_gguf<T>() -> Result<T> {
-    Err(Error::Invalid(
-        "internal: GGUF accessor used on a safetensors source".into(),
-    ))
+    Err(Error::Invalid("internal: GGUF accessor used on a safetensors source".into()))
 }

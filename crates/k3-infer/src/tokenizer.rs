@@ -45,51 +45,32 @@ impl Tokenizer {
     /// An HF `tokenizer.json` (with `tokenizer_config.json` beside it for the chat template and
     /// special tokens, when present).
     pub fn from_json_file(path: &Path) -> Result<Self> {
-        let inner = tokenizers::Tokenizer::from_file(path)
-            .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
-        let mut t = Self {
-            inner,
-            bos: None,
-            eos: None,
-            add_bos: false,
-            chat_template: None,
-            bos_str: None,
-            eos_str: None,
-        };
+        let inner =
+            tokenizers::Tokenizer::from_file(path).map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
+        let mut t =
+            Self { inner, bos: None, eos: None, add_bos: false, chat_template: None, bos_str: None, eos_str: None };
         let cfg = path.with_file_name("tokenizer_config.json");
         if let Ok(text) = std::fs::read_to_string(&cfg) {
-            let v: serde_json::Value = serde_json::from_str(&text)
-                .map_err(|e| Error::Tokenizer(format!("{}: {e}", cfg.display())))?;
+            let v: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| Error::Tokenizer(format!("{}: {e}", cfg.display())))?;
             let tok = |k: &str| {
                 v.get(k)
-                    .and_then(|x| {
-                        x.as_str()
-                            .or_else(|| x.get("content").and_then(|c| c.as_str()))
-                    })
+                    .and_then(|x| x.as_str().or_else(|| x.get("content").and_then(|c| c.as_str())))
                     .map(str::to_string)
             };
             t.bos_str = tok("bos_token");
             t.eos_str = tok("eos_token");
             t.bos = t.bos_str.as_deref().and_then(|s| t.inner.token_to_id(s));
             t.eos = t.eos_str.as_deref().and_then(|s| t.inner.token_to_id(s));
-            t.add_bos = v
-                .get("add_bos_token")
-                .and_then(|x| x.as_bool())
-                .unwrap_or(false);
-            t.chat_template = v
-                .get("chat_template")
-                .and_then(|x| x.as_str())
-                .map(str::to_string);
+            t.add_bos = v.get("add_bos_token").and_then(|x| x.as_bool()).unwrap_or(false);
+            t.chat_template = v.get("chat_template").and_then(|x| x.as_str()).map(str::to_string);
         }
         Ok(t)
     }
 
     /// The GPT-2-style BPE vocabulary llama.cpp stores in a GGUF (`tokenizer.ggml.*`).
     pub fn from_gguf(f: &GgufFile) -> Result<Option<Self>> {
-        let model = f
-            .get("tokenizer.ggml.model")
-            .and_then(Value::as_str)
-            .unwrap_or("none");
+        let model = f.get("tokenizer.ggml.model").and_then(Value::as_str).unwrap_or("none");
         if model == "none" || model == "no_vocab" {
             return Ok(None);
         }
@@ -105,12 +86,9 @@ impl Tokenizer {
                 .ok_or_else(|| Error::Tokenizer(format!("{}: missing `{key}`", f.path.display())))?
                 .iter()
                 .map(|v| {
-                    v.as_str().map(str::to_string).ok_or_else(|| {
-                        Error::Tokenizer(format!(
-                            "{}: `{key}` holds a non-string",
-                            f.path.display()
-                        ))
-                    })
+                    v.as_str()
+                        .map(str::to_string)
+                        .ok_or_else(|| Error::Tokenizer(format!("{}: `{key}` holds a non-string", f.path.display())))
                 })
                 .collect()
         };
@@ -119,10 +97,7 @@ impl Tokenizer {
             .into_iter()
             .map(|m| match m.split_once(' ') {
                 Some((a, b)) => Ok((a.to_string(), b.to_string())),
-                None => Err(Error::Tokenizer(format!(
-                    "{}: malformed merge `{m}`",
-                    f.path.display()
-                ))),
+                None => Err(Error::Tokenizer(format!("{}: malformed merge `{m}`", f.path.display()))),
             })
             .collect::<Result<_>>()?;
         let types: Vec<u64> = f
@@ -130,20 +105,11 @@ impl Tokenizer {
             .and_then(Value::as_array)
             .map(|a| a.iter().map(|v| v.as_u64().unwrap_or(1)).collect())
             .unwrap_or_default();
-        let vocab: tokenizers::models::bpe::Vocab = tokens
-            .iter()
-            .enumerate()
-            .map(|(i, s)| (s.clone(), i as u32))
-            .collect();
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab, merges)
-            .build()
-            .map_err(terr)?;
+        let vocab: tokenizers::models::bpe::Vocab =
+            tokens.iter().enumerate().map(|(i, s)| (s.clone(), i as u32)).collect();
+        let bpe = BPE::builder().vocab_and_merges(vocab, merges).build().map_err(terr)?;
         let mut inner = tokenizers::Tokenizer::new(bpe);
-        let pre = f
-            .get("tokenizer.ggml.pre")
-            .and_then(Value::as_str)
-            .unwrap_or("gpt-2");
+        let pre = f.get("tokenizer.ggml.pre").and_then(Value::as_str).unwrap_or("gpt-2");
         let byte_level = ByteLevel::new(false, true, true);
         let pre_tok: PreTokenizerWrapper = match pre {
             // llama.cpp's SMOLLM / STARCODER-style: split digits individually, then GPT-2's regex.
@@ -177,14 +143,8 @@ impl Tokenizer {
             inner,
             bos,
             eos,
-            add_bos: f
-                .get("tokenizer.ggml.add_bos_token")
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
-            chat_template: f
-                .get("tokenizer.chat_template")
-                .and_then(Value::as_str)
-                .map(str::to_string),
+            add_bos: f.get("tokenizer.ggml.add_bos_token").and_then(Value::as_bool).unwrap_or(false),
+            chat_template: f.get("tokenizer.chat_template").and_then(Value::as_str).map(str::to_string),
         }))
     }
 
@@ -216,20 +176,12 @@ impl Tokenizer {
     /// assistant prefix appended (`add_generation_prompt`).
     pub fn apply_chat(&self, system: Option<&str>, user: &str) -> Result<String> {
         let tpl = self.chat_template.as_deref().ok_or_else(|| {
-            Error::Tokenizer(
-                "this model has no chat template (tokenizer.chat_template); drop --chat".into(),
-            )
+            Error::Tokenizer("this model has no chat template (tokenizer.chat_template); drop --chat".into())
         })?;
         let mut env = minijinja::Environment::new();
-        env.add_function(
-            "raise_exception",
-            |msg: String| -> std::result::Result<String, minijinja::Error> {
-                Err(minijinja::Error::new(
-                    minijinja::ErrorKind::InvalidOperation,
-                    msg,
-                ))
-            },
-        );
+        env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
+            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
+        });
         env.add_template("chat", tpl).map_err(terr)?;
         let mut messages = vec![];
         if let Some(s) = system {

@@ -5,14 +5,7 @@
 ///
 /// # Shapes
 /// x, y: [T, Ch] row-major; w: [Ch, Kc]; tail: [Kc − 1, Ch] (updated in place)
-pub fn short_conv_silu(
-    y: &mut [f32],
-    x: &[f32],
-    w: &[f32],
-    tail: &mut [f32],
-    ch: usize,
-    kc: usize,
-) {
+pub fn short_conv_silu(y: &mut [f32], x: &[f32], w: &[f32], tail: &mut [f32], ch: usize, kc: usize) {
     let t = x.len() / ch;
     debug_assert_eq!(w.len(), ch * kc);
     debug_assert_eq!(tail.len(), (kc - 1) * ch);

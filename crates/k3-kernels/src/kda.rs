@@ -25,11 +25,7 @@ pub fn kda_step(
     let scale = 1.0 / (kd as f32).sqrt();
     for hh in 0..h {
         let st = &mut s[hh * kd * vd..(hh + 1) * kd * vd];
-        let (qh, kh, gh) = (
-            &q[hh * kd..(hh + 1) * kd],
-            &k[hh * kd..(hh + 1) * kd],
-            &g[hh * kd..(hh + 1) * kd],
-        );
+        let (qh, kh, gh) = (&q[hh * kd..(hh + 1) * kd], &k[hh * kd..(hh + 1) * kd], &g[hh * kd..(hh + 1) * kd]);
         let vh = &v[hh * vd..(hh + 1) * vd];
         // S ← S ⊙ exp(g)[:, None]
         for i in 0..kd {
@@ -74,17 +70,7 @@ pub fn kda_recurrent_ref(
     for r in 0..t {
         let (a, b) = (r * h * kd, (r + 1) * h * kd);
         let (c, d) = (r * h * vd, (r + 1) * h * vd);
-        kda_step(
-            &mut o[c..d],
-            &q[a..b],
-            &k[a..b],
-            &v[c..d],
-            &g[a..b],
-            &beta[r * h..(r + 1) * h],
-            s,
-            kd,
-            vd,
-        );
+        kda_step(&mut o[c..d], &q[a..b], &k[a..b], &v[c..d], &g[a..b], &beta[r * h..(r + 1) * h], s, kd, vd);
     }
 }
 
@@ -121,13 +107,10 @@ pub fn kda_chunk(
             let row_k = |x: &[f32], c: usize| -> Vec<f32> {
                 x[((start + c) * h + hh) * kd..((start + c) * h + hh + 1) * kd].to_vec()
             };
-            let qs: Vec<Vec<f32>> = (0..l)
-                .map(|c| row_k(q, c).iter().map(|x| x * scale).collect())
-                .collect();
+            let qs: Vec<Vec<f32>> = (0..l).map(|c| row_k(q, c).iter().map(|x| x * scale).collect()).collect();
             let ks: Vec<Vec<f32>> = (0..l).map(|c| row_k(k, c)).collect();
-            let vs: Vec<&[f32]> = (0..l)
-                .map(|c| &v[((start + c) * h + hh) * vd..((start + c) * h + hh + 1) * vd])
-                .collect();
+            let vs: Vec<&[f32]> =
+                (0..l).map(|c| &v[((start + c) * h + hh) * vd..((start + c) * h + hh + 1) * vd]).collect();
             let bs: Vec<f32> = (0..l).map(|c| beta[(start + c) * h + hh]).collect();
             let mut gc: Vec<Vec<f32>> = (0..l).map(|c| row_k(g, c)).collect();
             for c in 1..l {
@@ -136,9 +119,7 @@ pub fn kda_chunk(
                 }
             }
             let pair = |x: &[f32], c: usize, j: usize| -> f32 {
-                (0..kd)
-                    .map(|d| x[d] * ks[j][d] * (gc[c][d] - gc[j][d]).exp())
-                    .sum()
+                (0..kd).map(|d| x[d] * ks[j][d] * (gc[c][d] - gc[j][d]).exp()).sum()
             };
             // U and W by forward substitution with the unit lower (I + A).
             let mut u = vec![vec![0f32; vd]; l];
@@ -207,13 +188,7 @@ mod tests {
 
     #[test]
     fn chunk_matches_recurrent() {
-        for &(t, chunk, decay) in &[
-            (1, 64, 0.5),
-            (50, 64, 0.5),
-            (130, 64, 0.5),
-            (97, 16, 0.5),
-            (128, 64, 10.0),
-        ] {
+        for &(t, chunk, decay) in &[(1, 64, 0.5), (50, 64, 0.5), (130, 64, 0.5), (97, 16, 0.5), (128, 64, 10.0)] {
             let (h, kd, vd) = (2, 16, 24);
             let [q, k, v, g, beta, s0] = inputs(t, h, kd, vd, decay, t as u64);
             let (mut o1, mut s1) = (vec![0.0; t * h * vd], s0.clone());

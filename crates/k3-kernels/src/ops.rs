@@ -1,12 +1,16 @@
 //! Elementwise and row ops: RMSNorm, L2 norm, softmax, SiLU, SiTU, dot/axpy, f32 matmul.
 //! These are already the reference form; the speed issue adds SIMD versions beside them.
 
+/// Mean of squares as ggml computes it: f32 squares summed in f64, the mean rounded to f32.
+fn mean_square(x: &[f32]) -> f32 {
+    (x.iter().map(|&v| (v * v) as f64).sum::<f64>() / x.len() as f64) as f32
+}
+
 /// `y[n, :] = x[n, :] / sqrt(mean(x[n, :]²) + eps) ⊙ w`, rows of width `w.len()`.
 pub fn rmsnorm(y: &mut [f32], x: &[f32], w: &[f32], eps: f32) {
     let c = w.len();
     for (yr, xr) in y.chunks_exact_mut(c).zip(x.chunks_exact(c)) {
-        let ms = xr.iter().map(|v| v * v).sum::<f32>() / c as f32;
-        let r = 1.0 / (ms + eps).sqrt();
+        let r = 1.0 / (mean_square(xr) + eps).sqrt();
         for ((o, &v), &g) in yr.iter_mut().zip(xr).zip(w) {
             *o = v * r * g;
         }
@@ -16,8 +20,7 @@ pub fn rmsnorm(y: &mut [f32], x: &[f32], w: &[f32], eps: f32) {
 /// In place: each row of width `c` scaled to `x / sqrt(mean(x²) + eps)` (no weight).
 pub fn rms_normalize_inplace(x: &mut [f32], c: usize, eps: f32) {
     for r in x.chunks_exact_mut(c) {
-        let ms = r.iter().map(|v| v * v).sum::<f32>() / c as f32;
-        let s = 1.0 / (ms + eps).sqrt();
+        let s = 1.0 / (mean_square(r) + eps).sqrt();
         r.iter_mut().for_each(|v| *v *= s);
     }
 }
@@ -25,20 +28,31 @@ pub fn rms_normalize_inplace(x: &mut [f32], c: usize, eps: f32) {
 /// In place: each row of width `c` divided by `sqrt(Σx² + eps)` (fla/transformers `l2norm`).
 pub fn l2norm_inplace(x: &mut [f32], c: usize, eps: f32) {
     for r in x.chunks_exact_mut(c) {
-        let s = 1.0 / (r.iter().map(|v| v * v).sum::<f32>() + eps).sqrt();
+        let s = 1.0 / ((r.iter().map(|&v| (v * v) as f64).sum::<f64>() as f32) + eps).sqrt();
         r.iter_mut().for_each(|v| *v *= s);
+    }
+}
+
+/// The same L2 norm as llama.cpp builds it: `rms_norm(x, eps/c) · 1/sqrt(c)` (equal in exact
+/// arithmetic, rounded differently).
+pub fn l2norm_ggml_inplace(x: &mut [f32], c: usize, eps: f32) {
+    let n = c as f32;
+    let post = 1.0 / n.sqrt();
+    for r in x.chunks_exact_mut(c) {
+        let s = 1.0 / (mean_square(r) + eps / n).sqrt();
+        r.iter_mut().for_each(|v| *v = (*v * s) * post);
     }
 }
 
 /// Numerically stable softmax in place.
 pub fn softmax_inplace(x: &mut [f32]) {
     let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0;
+    let mut sum = 0.0f64; // ggml sums the exponentials in double
     for v in x.iter_mut() {
         *v = (*v - m).exp();
-        sum += *v;
+        sum += *v as f64;
     }
-    let inv = 1.0 / sum;
+    let inv = (1.0 / sum) as f32;
     x.iter_mut().for_each(|v| *v *= inv);
 }
 
@@ -71,11 +85,7 @@ pub fn swiglu_inplace(g: &mut [f32], u: &[f32]) {
 pub fn situ_glu_inplace(g: &mut [f32], u: &[f32], beta: f32, linear_beta: f32) {
     for (a, &b) in g.iter_mut().zip(u) {
         let gate = beta * (*a / beta).tanh() * sigmoid(*a);
-        let up = if linear_beta > 0.0 {
-            linear_beta * (b / linear_beta).tanh()
-        } else {
-            b
-        };
+        let up = if linear_beta > 0.0 { linear_beta * (b / linear_beta).tanh() } else { b };
         *a = gate * up;
     }
 }
@@ -133,10 +143,7 @@ mod tests {
         let mut g = vec![3.0f32, -2.0, 0.5];
         situ_glu_inplace(&mut g, &[1.0, 2.0, -4.0], 1e9, 1e9);
         for (a, (gv, uv)) in g.iter().zip([(3.0f64, 1.0f64), (-2.0, 2.0), (0.5, -4.0)]) {
-            assert!(
-                (*a as f64 - gv / (1.0 + (-gv).exp()) * uv).abs() < 1e-5,
-                "SiTU at huge β must be SwiGLU"
-            );
+            assert!((*a as f64 - gv / (1.0 + (-gv).exp()) * uv).abs() < 1e-5, "SiTU at huge β must be SwiGLU");
         }
     }
 }

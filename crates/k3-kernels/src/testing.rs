@@ -31,19 +31,13 @@ pub fn diff_stats(got: &[f32], want: &[f32]) -> (f64, f64) {
 /// Panic unless `max |got − want| ≤ tol`, naming the tensor and printing both metrics.
 pub fn assert_close_abs(name: &str, got: &[f32], want: &[f32], tol: f64) {
     let (max, ratio) = diff_stats(got, want);
-    assert!(
-        max <= tol,
-        "{name}: max abs {max:.3e} > {tol:.0e} (rms ratio {ratio:.3e})"
-    );
+    assert!(max <= tol, "{name}: max abs {max:.3e} > {tol:.0e} (rms ratio {ratio:.3e})");
 }
 
 /// Panic unless the RMS-error ratio is below `tol` (fla's metric), or max abs ≤ 1e-6.
 pub fn assert_close_ratio(name: &str, got: &[f32], want: &[f32], tol: f64) {
     let (max, ratio) = diff_stats(got, want);
-    assert!(
-        max <= 1e-6 || ratio < tol,
-        "{name}: rms ratio {ratio:.3e} ≥ {tol:.0e} (max abs {max:.3e})"
-    );
+    assert!(max <= 1e-6 || ratio < tol, "{name}: rms ratio {ratio:.3e} ≥ {tol:.0e} (max abs {max:.3e})");
 }
 
 /// A tiny deterministic generator (SplitMix64) so tests need no `rand` dependency.

@@ -115,8 +115,7 @@ fn gguf_tensors(ck: &Checkpoint, arch: GgufArch) -> Result<Vec<Out>> {
         data.insert(s.name.clone(), (s.shape, d));
     }
     let take = |data: &mut HashMap<String, (Vec<usize>, Vec<f32>)>, n: &str| {
-        data.remove(n)
-            .ok_or_else(|| Error::Invalid(format!("internal: tensor `{n}` read twice or missing")))
+        data.remove(n).ok_or_else(|| Error::Invalid(format!("internal: tensor `{n}` read twice or missing")))
     };
     let mut out: Vec<Out> = Vec::new();
     for spec in tensor_specs(cfg) {
@@ -124,28 +123,16 @@ fn gguf_tensors(ck: &Checkpoint, arch: GgufArch) -> Result<Vec<Out>> {
         if !data.contains_key(name) {
             continue; // consumed together with a partner (expert stacks, AttnRes pairs)
         }
-        let layer: Option<usize> = name
-            .strip_prefix("model.layers.")
-            .and_then(|r| r.split('.').next())
-            .and_then(|x| x.parse().ok());
+        let layer: Option<usize> =
+            name.strip_prefix("model.layers.").and_then(|r| r.split('.').next()).and_then(|x| x.parse().ok());
         let (shape, d) = take(&mut data, name)?;
         match (cfg, name) {
             (ModelConfig::Llama(c), n)
-                if n.ends_with("self_attn.q_proj.weight")
-                    || n.ends_with("self_attn.k_proj.weight") =>
+                if n.ends_with("self_attn.q_proj.weight") || n.ends_with("self_attn.k_proj.weight") =>
             {
-                let heads = if n.ends_with("q_proj.weight") {
-                    c.num_attention_heads
-                } else {
-                    c.num_key_value_heads
-                };
-                let g =
-                    gguf_name(n).ok_or_else(|| Error::Invalid(format!("no GGUF name for {n}")))?;
-                out.push((
-                    g,
-                    shape.clone(),
-                    llama_permute(&d, heads, shape[0], shape[1]),
-                ));
+                let heads = if n.ends_with("q_proj.weight") { c.num_attention_heads } else { c.num_key_value_heads };
+                let g = gguf_name(n).ok_or_else(|| Error::Invalid(format!("no GGUF name for {n}")))?;
+                out.push((g, shape.clone(), llama_permute(&d, heads, shape[0], shape[1])));
             }
             (ModelConfig::Kimi(c), n) => {
                 let i = layer.unwrap_or(0);
@@ -153,17 +140,11 @@ fn gguf_tensors(ck: &Checkpoint, arch: GgufArch) -> Result<Vec<Out>> {
                     // llama.cpp folds −exp(A_log) at conversion; kimi-linear keeps [1,1,H,1], kimi-k3 [H].
                     out.push((blk(i, "ssm_a"), shape, d.iter().map(|a| -a.exp()).collect()));
                 } else if n.ends_with("_conv1d.weight") {
-                    let g = gguf_name(n)
-                        .ok_or_else(|| Error::Invalid(format!("no GGUF name for {n}")))?;
+                    let g = gguf_name(n).ok_or_else(|| Error::Invalid(format!("no GGUF name for {n}")))?;
                     out.push((g, vec![1, shape[0], 1, shape[2]], d)); // [C,1,K] → numpy (1, C, 1, K)
                 } else if n.ends_with("kv_b_proj.weight") {
                     let m = &c.mla;
-                    let (h, r, dn, dv) = (
-                        m.num_heads,
-                        m.kv_lora_rank,
-                        m.qk_nope_head_dim,
-                        m.v_head_dim,
-                    );
+                    let (h, r, dn, dv) = (m.num_heads, m.kv_lora_rank, m.qk_nope_head_dim, m.v_head_dim);
                     let (mut kb, mut vb) = (vec![0f32; h * r * dn], vec![0f32; h * dv * r]);
                     for hh in 0..h {
                         let base = hh * (dn + dv);
@@ -173,8 +154,7 @@ fn gguf_tensors(ck: &Checkpoint, arch: GgufArch) -> Result<Vec<Out>> {
                                 // k_b [H, R, Dn] (transposed)
                             }
                         }
-                        vb[hh * dv * r..(hh + 1) * dv * r]
-                            .copy_from_slice(&d[(base + dn) * r..(base + dn + dv) * r]);
+                        vb[hh * dv * r..(hh + 1) * dv * r].copy_from_slice(&d[(base + dn) * r..(base + dn + dv) * r]);
                     }
                     out.push((blk(i, "attn_k_b.weight"), vec![h, r, dn], kb));
                     out.push((blk(i, "attn_v_b.weight"), vec![h, dv, r], vb));
@@ -193,10 +173,7 @@ fn gguf_tensors(ck: &Checkpoint, arch: GgufArch) -> Result<Vec<Out>> {
                             stacks[k].extend(v);
                         }
                     }
-                    let (fe, l) = (
-                        c.moe.intermediate_size,
-                        c.moe.latent.map_or(c.hidden_size, |l| l.dim),
-                    );
+                    let (fe, l) = (c.moe.intermediate_size, c.moe.latent.map_or(c.hidden_size, |l| l.dim));
                     let [gate, up, down] = stacks;
                     out.push((blk(i, "ffn_gate_exps.weight"), vec![e, fe, l], gate));
                     out.push((blk(i, "ffn_up_exps.weight"), vec![e, fe, l], up));
@@ -215,29 +192,16 @@ fn gguf_tensors(ck: &Checkpoint, arch: GgufArch) -> Result<Vec<Out>> {
                 } else if n.ends_with("self_attn.g_proj.weight") {
                     let kda = c.layers[i].mixer == Mixer::Kda;
                     debug_assert!(!kda || c.kda.out_gate == KdaOutGate::FullRank);
-                    out.push((
-                        blk(
-                            i,
-                            if kda {
-                                "ssm_g.weight"
-                            } else {
-                                "attn_gate.weight"
-                            },
-                        ),
-                        shape,
-                        d,
-                    ));
+                    out.push((blk(i, if kda { "ssm_g.weight" } else { "attn_gate.weight" }), shape, d));
                 } else {
-                    let g = gguf_name(n).ok_or_else(|| {
-                        Error::Invalid(format!("`{n}` has no GGUF name in `{}`", arch.name()))
-                    })?;
+                    let g = gguf_name(n)
+                        .ok_or_else(|| Error::Invalid(format!("`{n}` has no GGUF name in `{}`", arch.name())))?;
                     out.push((g, shape, d));
                 }
             }
             (_, n) => {
-                let g = gguf_name(n).ok_or_else(|| {
-                    Error::Invalid(format!("`{n}` has no GGUF name in `{}`", arch.name()))
-                })?;
+                let g = gguf_name(n)
+                    .ok_or_else(|| Error::Invalid(format!("`{n}` has no GGUF name in `{}`", arch.name())))?;
                 out.push((g, shape, d));
             }
         }
@@ -251,41 +215,30 @@ pub fn export_gguf(dir: &Path, qt: QuantType, out: &Path) -> Result<ExportReport
     let cfg = ck.config.clone();
     let arch = GgufArch::for_config(&cfg);
     let mut w = GgufWriter::new();
-    w.kv(
-        "general.name",
-        Value::Str(
-            dir.file_name()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_default(),
-        ),
-    );
+    w.kv("general.name", Value::Str(dir.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()));
     for (k, v) in config_metadata(&cfg)? {
         w.kv(&k, v);
     }
     w.kv("general.file_type", Value::U32(qt.ftype()));
     w.kv("general.quantization_version", Value::U32(2));
     let (bos, eos, pad) = match &cfg {
-        ModelConfig::Kimi(c) => (
-            c.bos_token_id,
-            c.eos_token_id.first().copied(),
-            c.pad_token_id,
-        ),
-        ModelConfig::Llama(c) => (
-            c.bos_token_id,
-            c.eos_token_id.first().copied(),
-            c.pad_token_id,
-        ),
+        ModelConfig::Kimi(c) => (c.bos_token_id, c.eos_token_id.first().copied(), c.pad_token_id),
+        ModelConfig::Llama(c) => (c.bos_token_id, c.eos_token_id.first().copied(), c.pad_token_id),
     };
     let mut notes = Vec::new();
     let tok = tokenizer_metadata(dir, cfg.vocab_size(), (bos, eos, pad))?;
-    if tok
-        .iter()
-        .any(|(k, v)| k == "tokenizer.ggml.model" && v.as_str() == Some("none"))
-    {
-        notes.push("no tokenizer.json in the checkpoint: the GGUF has no vocabulary (tokenizer.ggml.model = none)".into());
+    if tok.iter().any(|(k, v)| k == "tokenizer.ggml.model" && v.as_str() == Some("none")) {
+        notes.push(
+            "no tokenizer.json in the checkpoint: the GGUF has no vocabulary (tokenizer.ggml.model = none)".into(),
+        );
     }
     for (k, v) in tok {
         w.kv(&k, v);
+    }
+    if let ModelConfig::Kimi(c) = &cfg {
+        if c.count_mixer(Mixer::Mla) == 0 || c.count_mixer(Mixer::Kda) == 0 {
+            notes.push("no MLA or no KDA layer: llama.cpp 0c1e570 aborts on such a model (an empty cache buffer); k3mini runs it".into());
+        }
     }
     let target = qt.ggml();
     let (mut kept, mut fallbacks, mut bytes) = (0, Vec::new(), 0u64);
@@ -319,12 +272,51 @@ pub fn export_gguf(dir: &Path, qt: QuantType, out: &Path) -> Result<ExportReport
         notes.push("output.weight written as Q8_0 (llama-quantize would use Q6_K)".into());
     }
     w.write(out)?;
-    Ok(ExportReport {
-        arch,
-        tensors: n,
-        bytes,
-        kept_f32: kept,
-        fallbacks,
-        notes,
-    })
+    Ok(ExportReport { arch, tensors: n, bytes, kept_f32: kept, fallbacks, notes })
+}
+
+/// Re-quantize an existing GGUF (llama-quantize's `--allow-requantize`): every tensor is
+/// dequantized to f32 and re-encoded under the same rules; metadata is copied.
+pub fn requantize_gguf(input: &Path, qt: QuantType, out: &Path) -> Result<ExportReport> {
+    let f = k3_format::gguf::GgufFile::open(input)?;
+    let arch = f.arch().and_then(GgufArch::from_name).ok_or_else(|| {
+        Error::Invalid(format!("{}: architecture `{}` is not supported", input.display(), f.arch().unwrap_or("?")))
+    })?;
+    let mut w = GgufWriter::new();
+    for (k, v) in &f.kv {
+        if k != "general.file_type" && k != "general.alignment" {
+            w.kv(k, v.clone());
+        }
+    }
+    w.kv("general.file_type", Value::U32(qt.ftype()));
+    let (mut kept, mut fallbacks, mut bytes) = (0, Vec::new(), 0u64);
+    let mut notes = vec![format!("re-quantized from {}: errors add up on already-quantized weights", input.display())];
+    let tied = f.tensor_info("output.weight").is_none();
+    for t in &f.tensors {
+        let data = f.tensor_f32(&t.name)?;
+        let shape = t.shape();
+        let ne0 = t.ne.first().copied().unwrap_or(1) as usize;
+        // A tied embedding is also the output head: keep it as a head type, as llama-quantize does.
+        let is_head = t.name == "output.weight" || (tied && t.name == "token_embd.weight");
+        let mut ty = if qt == QuantType::F32 || !allows_quantization(&t.name, t.ne.len()) {
+            kept += usize::from(qt != QuantType::F32);
+            GgmlType::F32
+        } else if is_head && matches!(qt, QuantType::Q4_0 | QuantType::Q4_1) {
+            GgmlType::Q8_0
+        } else {
+            qt.ggml()
+        };
+        if !ne0.is_multiple_of(ty.block_elems()) {
+            fallbacks.push(format!("{}: rows of {ne0} are not a multiple of {}'s block → F16", t.name, ty.name()));
+            ty = GgmlType::F16;
+        }
+        let enc = ty.quantize_row(&data);
+        bytes += enc.len() as u64;
+        w.tensor(&t.name, &shape, ty, enc)?;
+    }
+    if matches!(qt, QuantType::Q4_0 | QuantType::Q4_1) {
+        notes.push("the output head written as Q8_0 (llama-quantize would use Q6_K)".into());
+    }
+    w.write(out)?;
+    Ok(ExportReport { arch, tensors: f.tensors.len(), bytes, kept_f32: kept, fallbacks, notes })
 }

@@ -10,9 +10,7 @@ use k3_infer::{Logits, Model};
 use k3_quant::{export_gguf, QuantType};
 
 fn golden(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/golden")
-        .join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden").join(name)
 }
 
 fn scratch(tag: &str) -> PathBuf {
@@ -28,17 +26,9 @@ fn logits(path: &Path, ids: &[u32]) -> Vec<f32> {
 }
 
 fn top1_agreement(a: &[f32], b: &[f32], v: usize) -> f64 {
-    let argmax = |x: &[f32]| {
-        x.iter()
-            .enumerate()
-            .max_by(|p, q| p.1.total_cmp(q.1))
-            .map(|(i, _)| i)
-    };
+    let argmax = |x: &[f32]| x.iter().enumerate().max_by(|p, q| p.1.total_cmp(q.1)).map(|(i, _)| i);
     let n = a.len() / v;
-    (0..n)
-        .filter(|&r| argmax(&a[r * v..(r + 1) * v]) == argmax(&b[r * v..(r + 1) * v]))
-        .count() as f64
-        / n as f64
+    (0..n).filter(|&r| argmax(&a[r * v..(r + 1) * v]) == argmax(&b[r * v..(r + 1) * v])).count() as f64 / n as f64
 }
 
 /// An all-dense model's MoE fields are never read (GGUF only stores the ones llama.cpp requires).
@@ -60,10 +50,7 @@ fn median_abs(a: &[f32], b: &[f32]) -> f32 {
 }
 
 fn max_abs(a: &[f32], b: &[f32]) -> f32 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
 #[test]
@@ -92,11 +79,7 @@ fn gguf_export_reproduces_config_and_logits() {
                 assert!(r.kept_f32 > 0, "norms and conv kernels stay F32");
             }
             let got = logits(&out, &ids);
-            let diff = if qt == QuantType::F32 {
-                max_abs(&got, &want)
-            } else {
-                median_abs(&got, &want)
-            };
+            let diff = if qt == QuantType::F32 { max_abs(&got, &want) } else { median_abs(&got, &want) };
             let ag = top1_agreement(&got, &want, v);
             assert!(
                 diff <= tol && ag >= agree,
@@ -109,28 +92,14 @@ fn gguf_export_reproduces_config_and_logits() {
 #[test]
 fn export_refuses_what_llama_cpp_cannot_load_and_reports_fallbacks() {
     // attention_bias and a dense layer after an MoE layer have no llama.cpp representation.
-    let e = export_gguf(
-        &golden("tiny_kimi_linear_moe_grouped"),
-        QuantType::F16,
-        &scratch("bad").join("x.gguf"),
-    )
-    .expect_err("must refuse")
-    .to_string();
+    let e = export_gguf(&golden("tiny_kimi_linear_moe_grouped"), QuantType::F16, &scratch("bad").join("x.gguf"))
+        .expect_err("must refuse")
+        .to_string();
     assert!(e.contains("attention_bias") || e.contains("prefix"), "{e}");
     // head dim 16 rows do not fit a 32-block: reported, written as F16
-    let r = export_gguf(
-        &golden("tiny_kimi_linear_dense"),
-        QuantType::Q4_0,
-        &scratch("fb").join("x.gguf"),
-    )
-    .expect("export");
-    assert!(
-        r.fallbacks
-            .iter()
-            .any(|f| f.contains("ssm_f_b.weight") && f.contains("F16")),
-        "{:?}",
-        r.fallbacks
-    );
+    let r =
+        export_gguf(&golden("tiny_kimi_linear_dense"), QuantType::Q4_0, &scratch("fb").join("x.gguf")).expect("export");
+    assert!(r.fallbacks.iter().any(|f| f.contains("ssm_f_b.weight") && f.contains("F16")), "{:?}", r.fallbacks);
 }
 
 /// Every tensor the engine reads from a quantized GGUF (through the transforms: absorbed MLA,
@@ -143,33 +112,16 @@ fn quantized_gguf_tensors_match_the_checkpoint() {
     for dir in ["tiny_kimi_linear_moe", "tiny_k3"] {
         let ck = golden(dir);
         let (hf, _) = Source::open(&ck).expect("hf");
-        let ModelConfig::Kimi(c) = hf.config().clone() else {
-            panic!()
-        };
-        for (qt, budget) in [
-            (QuantType::Q8_0, 0.01),
-            (QuantType::Q4_0, 0.2),
-            (QuantType::Q4_1, 0.2),
-        ] {
+        let ModelConfig::Kimi(c) = hf.config().clone() else { panic!() };
+        for (qt, budget) in [(QuantType::Q8_0, 0.01), (QuantType::Q4_0, 0.2), (QuantType::Q4_1, 0.2)] {
             let out = scratch(dir).join(format!("t{qt:?}.gguf"));
             export_gguf(&ck, qt, &out).expect("export");
             let (gg, _) = Source::open(&out).expect("gguf");
             let rel = |name: &str, a: &[f32], b: &[f32]| {
-                let e: f64 = a
-                    .iter()
-                    .zip(b)
-                    .map(|(x, y)| ((x - y) as f64).powi(2))
-                    .sum::<f64>();
-                let n: f64 = b
-                    .iter()
-                    .map(|y| (*y as f64).powi(2))
-                    .sum::<f64>()
-                    .max(1e-30);
+                let e: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>();
+                let n: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum::<f64>().max(1e-30);
                 let r = (e / n).sqrt();
-                assert!(
-                    r <= budget,
-                    "{dir} {qt:?} {name}: relative RMS error {r:.4} > {budget}"
-                );
+                assert!(r <= budget, "{dir} {qt:?} {name}: relative RMS error {r:.4} > {budget}");
             };
             let dq = |m: k3_infer::linear::Matrix| {
                 let mut v = vec![0f32; m.rows * m.cols];
@@ -188,22 +140,10 @@ fn quantized_gguf_tensors_match_the_checkpoint() {
                 if n.ends_with("kv_b_proj.weight") {
                     let m = &c.mla;
                     let a = hf
-                        .mla_absorbed(
-                            layer,
-                            m.num_heads,
-                            m.kv_lora_rank,
-                            m.qk_nope_head_dim,
-                            m.v_head_dim,
-                        )
+                        .mla_absorbed(layer, m.num_heads, m.kv_lora_rank, m.qk_nope_head_dim, m.v_head_dim)
                         .expect("hf");
                     let b = gg
-                        .mla_absorbed(
-                            layer,
-                            m.num_heads,
-                            m.kv_lora_rank,
-                            m.qk_nope_head_dim,
-                            m.v_head_dim,
-                        )
+                        .mla_absorbed(layer, m.num_heads, m.kv_lora_rank, m.qk_nope_head_dim, m.v_head_dim)
                         .expect("gguf");
                     rel("k_b", &dq(b.0), &dq(a.0));
                     rel("v_b", &dq(b.1), &dq(a.1));
@@ -216,44 +156,25 @@ fn quantized_gguf_tensors_match_the_checkpoint() {
                         .expect("e");
                     let w = c.moe.latent.map_or(c.hidden_size, |l| l.dim);
                     for part in [ExpertPart::Gate, ExpertPart::Up, ExpertPart::Down] {
-                        let a = hf
-                            .expert(layer, e, part, c.moe.intermediate_size, w)
-                            .expect("hf");
-                        let b = gg
-                            .expert(layer, e, part, c.moe.intermediate_size, w)
-                            .expect("gguf");
+                        let a = hf.expert(layer, e, part, c.moe.intermediate_size, w).expect("hf");
+                        let b = gg.expert(layer, e, part, c.moe.intermediate_size, w).expect("gguf");
                         rel(n, &dq(b), &dq(a));
                     }
                 } else if n.contains(".experts.") {
                 } else if n.ends_with("A_log") {
                     rel(
                         n,
-                        &gg.a_log(layer, c.kda.num_heads).expect("g"),
-                        &hf.a_log(layer, c.kda.num_heads).expect("h"),
+                        &gg.kda_decay_rate(layer, c.kda.num_heads).expect("g"),
+                        &hf.kda_decay_rate(layer, c.kda.num_heads).expect("h"),
                     );
-                } else if let Some(p) = n
-                    .strip_suffix("_norm.weight")
-                    .filter(|p| p.ends_with("_res"))
-                {
-                    rel(
-                        n,
-                        &gg.res_score(p, c.hidden_size).expect("g"),
-                        &hf.res_score(p, c.hidden_size).expect("h"),
-                    );
+                } else if let Some(p) = n.strip_suffix("_norm.weight").filter(|p| p.ends_with("_res")) {
+                    rel(n, &gg.res_score(p, c.hidden_size).expect("g"), &hf.res_score(p, c.hidden_size).expect("h"));
                 } else if n.ends_with("_res_proj.weight") {
                 } else if s.shape.len() == 2 && !n.ends_with("conv1d.weight") {
                     let (r, cc) = (s.shape[0], s.shape[1]);
-                    rel(
-                        n,
-                        &dq(gg.matrix(n, r, cc).expect("g")),
-                        &dq(hf.matrix(n, r, cc).expect("h")),
-                    );
+                    rel(n, &dq(gg.matrix(n, r, cc).expect("g")), &dq(hf.matrix(n, r, cc).expect("h")));
                 } else {
-                    rel(
-                        n,
-                        &gg.vector(n, s.numel()).expect("g"),
-                        &hf.vector(n, s.numel()).expect("h"),
-                    );
+                    rel(n, &gg.vector(n, s.numel()).expect("g"), &hf.vector(n, s.numel()).expect("h"));
                 }
             }
         }

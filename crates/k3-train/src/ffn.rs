@@ -10,16 +10,9 @@ use crate::nn::Linear;
 /// up branch uncapped (llama.cpp `kimi-k3`). As β, β_lin → ∞ it is SwiGLU.
 pub fn situ_glu(g: &Tensor, u: &Tensor, beta: f64, linear_beta: f64) -> Tensor {
     let kind = g.kind();
-    let (g, u) = (
-        g.to_kind(crate::nn::compute_kind(kind)),
-        u.to_kind(crate::nn::compute_kind(kind)),
-    );
+    let (g, u) = (g.to_kind(crate::nn::compute_kind(kind)), u.to_kind(crate::nn::compute_kind(kind)));
     let gate = (&g / beta).tanh() * beta * g.sigmoid();
-    let up = if linear_beta > 0.0 {
-        (&u / linear_beta).tanh() * linear_beta
-    } else {
-        u
-    };
+    let up = if linear_beta > 0.0 { (&u / linear_beta).tanh() * linear_beta } else { u };
     (gate * up).to_kind(kind)
 }
 
@@ -48,13 +41,7 @@ impl Mlp {
     }
 
     /// As [`Mlp::new`], with biases on all three projections when `bias` (Llama's `mlp_bias`).
-    pub fn new_with_bias(
-        p: &tch::nn::Path,
-        inp: usize,
-        inter: usize,
-        act: Activation,
-        bias: bool,
-    ) -> Self {
+    pub fn new_with_bias(p: &tch::nn::Path, inp: usize, inter: usize, act: Activation, bias: bool) -> Self {
         Self {
             gate: Linear::new(p, "gate_proj", inp, inter, bias),
             up: Linear::new(p, "up_proj", inp, inter, bias),
@@ -76,7 +63,6 @@ impl Mlp {
     /// # Shapes
     /// x: [..., C] → [..., C]
     pub fn forward(&self, x: &Tensor) -> Tensor {
-        self.down
-            .forward(&glu(&self.gate.forward(x), &self.up.forward(x), self.act))
+        self.down.forward(&glu(&self.gate.forward(x), &self.up.forward(x), self.act))
     }
 }

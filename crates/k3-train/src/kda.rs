@@ -72,36 +72,18 @@ impl Kda {
     /// references do: normal(0.02) matrices, conv kernels U(±1/√Kc), A_log = log U(1,16) for the
     /// softplus gate (0 for the lower-bound gate, fla's `safe_gate`), dt_bias inverse-softplus.
     pub fn new(p: &Path, hidden: usize, cfg: &KdaConfig, k3_shapes: bool, eps: f64) -> Self {
-        let (h, kd, kc) = (
-            cfg.num_heads as i64,
-            cfg.head_dim as i64,
-            cfg.conv_kernel as i64,
-        );
+        let (h, kd, kc) = (cfg.num_heads as i64, cfg.head_dim as i64, cfg.conv_kernel as i64);
         let w = (h * kd) as usize;
         let bound = 1.0 / (kc as f64).sqrt();
-        let conv = |name: &str| {
-            p.sub(name).var(
-                "weight",
-                &[h * kd, 1, kc],
-                Init::Uniform {
-                    lo: -bound,
-                    up: bound,
-                },
-            )
-        };
+        let conv = |name: &str| p.sub(name).var("weight", &[h * kd, 1, kc], Init::Uniform { lo: -bound, up: bound });
         let a_log_shape: Vec<i64> = if k3_shapes { vec![h] } else { vec![1, 1, h, 1] };
         let a_log = p.var("A_log", &a_log_shape, Init::Const(0.0));
         if cfg.decay == KdaDecay::Softplus {
-            set_param(
-                &a_log,
-                &(Tensor::rand(&a_log_shape, (Kind::Float, p.device())) * 15.0 + 1.0).log(),
-            );
+            set_param(&a_log, &(Tensor::rand(&a_log_shape, (Kind::Float, p.device())) * 15.0 + 1.0).log());
         }
         let dt_bias = p.var("dt_bias", &[h * kd], Init::Const(0.0));
         let (lo, hi) = (1e-3f64.ln(), 1e-1f64.ln());
-        let dt = (Tensor::rand([h * kd], (Kind::Float, p.device())) * (hi - lo) + lo)
-            .exp()
-            .clamp_min(1e-4);
+        let dt = (Tensor::rand([h * kd], (Kind::Float, p.device())) * (hi - lo) + lo).exp().clamp_min(1e-4);
         set_param(&dt_bias, &(&dt + (-(-&dt).expm1()).log())); // inverse softplus: dt + log(−expm1(−dt))
         let gate = match cfg.out_gate {
             KdaOutGate::LowRank => OutGate::LowRank {
@@ -151,10 +133,7 @@ impl Kda {
     /// x: [B,T,C] → g: [B,T,H,K]
     pub fn decay(&self, x: &Tensor) -> Tensor {
         let (b, t, _) = x.size3().expect("x must be [B,T,C]");
-        let f = self
-            .f_b
-            .forward(&self.f_a.forward(x))
-            .view([b, t, self.heads, self.head_dim]);
+        let f = self.f_b.forward(&self.f_a.forward(x)).view([b, t, self.heads, self.head_dim]);
         kda_gate(&f, &self.a_log, &self.dt_bias, self.decay)
     }
 
@@ -168,11 +147,7 @@ impl Kda {
         let kc = self.q_conv.size()[2];
 
         // Short convolution over [q | k | v] with the cached pre-conv tail (or zeros).
-        let qkv = Tensor::cat(
-            &[self.q.forward(x), self.k.forward(x), self.v.forward(x)],
-            -1,
-        )
-        .transpose(1, 2); // [B,3W,T]
+        let qkv = Tensor::cat(&[self.q.forward(x), self.k.forward(x), self.v.forward(x)], -1).transpose(1, 2); // [B,3W,T]
         let tail = match state.as_deref() {
             Some(st) => st.conv.shallow_clone(),
             None => Tensor::zeros([b, 3 * w, kc - 1], (qkv.kind(), qkv.device())),
@@ -182,10 +157,7 @@ impl Kda {
             st.conv = xin.narrow(2, t, kc - 1).contiguous();
         }
         let kernel = Tensor::cat(&[&self.q_conv, &self.k_conv, &self.v_conv], 0); // [3W,1,Kc]
-        let y = xin
-            .conv1d(&kernel, None::<Tensor>, [1], [0], [1], 3 * w)
-            .silu()
-            .transpose(1, 2); // [B,T,3W]
+        let y = xin.conv1d(&kernel, None::<Tensor>, [1], [0], [1], 3 * w).silu().transpose(1, 2); // [B,T,3W]
         let parts = y.split(w, -1);
         let q = l2norm(&parts[0].reshape([b, t, h, kd]), 1e-6); // [B,T,H,K]
         let k = l2norm(&parts[1].reshape([b, t, h, kd]), 1e-6);

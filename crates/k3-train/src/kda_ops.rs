@@ -54,22 +54,9 @@ pub fn kda_recurrent(
 ///
 /// # Shapes
 /// q, k, g: [B,H,K]; v: [B,H,V]; beta: [B,H]; s: [B,H,K,V] → (o [B,H,V], s [B,H,K,V])
-pub fn kda_step(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    g: &Tensor,
-    beta: &Tensor,
-    s: &Tensor,
-) -> (Tensor, Tensor) {
-    let (o, s) = kda_recurrent(
-        &q.unsqueeze(1),
-        &k.unsqueeze(1),
-        &v.unsqueeze(1),
-        &g.unsqueeze(1),
-        &beta.unsqueeze(1),
-        Some(s),
-    );
+pub fn kda_step(q: &Tensor, k: &Tensor, v: &Tensor, g: &Tensor, beta: &Tensor, s: &Tensor) -> (Tensor, Tensor) {
+    let (o, s) =
+        kda_recurrent(&q.unsqueeze(1), &k.unsqueeze(1), &v.unsqueeze(1), &g.unsqueeze(1), &beta.unsqueeze(1), Some(s));
     (o.squeeze_dim(1), s)
 }
 
@@ -109,8 +96,7 @@ fn intra_chunk(x: &Tensor, y: &Tensor, gc: &Tensor, inclusive: bool) -> Tensor {
     let d = gs.unsqueeze(-2) - gs.unsqueeze(-3); // [B,H,N,S,s(c),s(j),K] = G_c − G_j
     let tri = Tensor::ones([s, s], opts).tril(if inclusive { 0 } else { -1 }); // [s, s]
     let d = d.masked_fill(&tri.logical_not().unsqueeze(-1), f64::NEG_INFINITY);
-    let diag =
-        (blk(x).unsqueeze(-2) * blk(y).unsqueeze(-3) * d.exp()).sum_dim_intlist(-1, false, None); // [..,S,s,s]
+    let diag = (blk(x).unsqueeze(-2) * blk(y).unsqueeze(-3) * d.exp()).sum_dim_intlist(-1, false, None); // [..,S,s,s]
     let eye = Tensor::eye(nsub, (x.kind(), x.device())).view([nsub, 1, nsub, 1]);
     let blockdiag = diag.unsqueeze(-2) * eye; // [B,H,N,S,s,S,s]
     off + blockdiag.reshape([lead, &[c, c]].concat())
@@ -137,11 +123,7 @@ pub fn kda_chunk(
     // [B,T,H,*] → [B,H,N,C,*], zero-padded in time.
     let prep = |x: &Tensor| {
         let x = x.transpose(1, 2); // [B,H,T,*]
-        let x = if pad > 0 {
-            x.constant_pad_nd([0, 0, 0, pad])
-        } else {
-            x
-        };
+        let x = if pad > 0 { x.constant_pad_nd([0, 0, 0, pad]) } else { x };
         let last = x.size()[3];
         x.reshape([b, h, n, chunk, last])
     };
@@ -175,9 +157,7 @@ pub fn kda_chunk(
         s = s * g_last.exp().unsqueeze(-1) + k_decay.transpose(-1, -2).matmul(&v_new);
         // Eq. 8
     }
-    let o = Tensor::stack(&outs, 2)
-        .reshape([b, h, n * chunk, vd])
-        .narrow(2, 0, t); // [B,H,T,V]
+    let o = Tensor::stack(&outs, 2).reshape([b, h, n * chunk, vd]).narrow(2, 0, t); // [B,H,T,V]
     (o.transpose(1, 2).contiguous(), s)
 }
 
@@ -204,28 +184,12 @@ mod tests {
 
     #[test]
     fn chunk_matches_recurrent_for_any_length_and_chunk() {
-        for &(t, chunk) in &[
-            (1, 64),
-            (50, 64),
-            (64, 64),
-            (130, 64),
-            (100, 32),
-            (37, 16),
-            (20, 8),
-        ] {
+        for &(t, chunk) in &[(1, 64), (50, 64), (64, 64), (130, 64), (100, 32), (37, 16), (20, 8)] {
             let [q, k, v, g, beta, s0] = inputs(2, t, 3, 16, 24, Kind::Double, t);
             let (o_r, s_r) = kda_recurrent(&q, &k, &v, &g, &beta, Some(&s0));
             let (o_c, s_c) = kda_chunk(&q, &k, &v, &g, &beta, Some(&s0), chunk);
-            assert!(
-                max_abs(&o_r, &o_c) < 1e-10,
-                "T={t} C={chunk}: o {}",
-                max_abs(&o_r, &o_c)
-            );
-            assert!(
-                max_abs(&s_r, &s_c) < 1e-10,
-                "T={t} C={chunk}: S {}",
-                max_abs(&s_r, &s_c)
-            );
+            assert!(max_abs(&o_r, &o_c) < 1e-10, "T={t} C={chunk}: o {}", max_abs(&o_r, &o_c));
+            assert!(max_abs(&s_r, &s_c) < 1e-10, "T={t} C={chunk}: S {}", max_abs(&s_r, &s_c));
         }
     }
 
@@ -246,14 +210,8 @@ mod tests {
         let (o_r, s_r) = kda_recurrent(&q, &k, &v, &g, &beta, Some(&s0));
         let mut s = s0;
         for i in 0..9 {
-            let (o, s2) = kda_step(
-                &q.select(1, i),
-                &k.select(1, i),
-                &v.select(1, i),
-                &g.select(1, i),
-                &beta.select(1, i),
-                &s,
-            );
+            let (o, s2) =
+                kda_step(&q.select(1, i), &k.select(1, i), &v.select(1, i), &g.select(1, i), &beta.select(1, i), &s);
             assert!(max_abs(&o, &o_r.select(1, i)) < 1e-12);
             s = s2;
         }
@@ -272,15 +230,7 @@ mod tests {
             ((o * &w_o).sum(Kind::Double) + (s * &w_s).sum(Kind::Double)).double_value(&[])
         };
         let vars: [Tensor; 6] = [q, k, v, g, beta, s0].map(|t| t.set_requires_grad(true));
-        let (o, s) = kda_chunk(
-            &vars[0],
-            &vars[1],
-            &vars[2],
-            &vars[3],
-            &vars[4],
-            Some(&vars[5]),
-            8,
-        );
+        let (o, s) = kda_chunk(&vars[0], &vars[1], &vars[2], &vars[3], &vars[4], Some(&vars[5]), 8);
         let loss = (o * &w_o).sum(Kind::Double) + (s * &w_s).sum(Kind::Double);
         let grads = Tensor::run_backward(&[loss], &vars, false, false);
         let base: [Tensor; 6] = vars.each_ref().map(|t| t.detach().copy());
@@ -296,10 +246,7 @@ mod tests {
                 };
                 let fd = (bump(eps) - bump(-eps)) / (2.0 * eps);
                 let ad = grad.reshape([-1]).double_value(&[idx]);
-                assert!(
-                    (fd - ad).abs() < 1e-6 * (1.0 + fd.abs()),
-                    "input {vi} elem {idx}: fd {fd} vs autograd {ad}"
-                );
+                assert!((fd - ad).abs() < 1e-6 * (1.0 + fd.abs()), "input {vi} elem {idx}: fd {fd} vs autograd {ad}");
             }
         }
     }

@@ -70,10 +70,7 @@ impl KimiModel {
         let embed = m.sub("embed_tokens").var(
             "weight",
             &[cfg.vocab_size as i64, d as i64],
-            tch::nn::Init::Randn {
-                mean: 0.0,
-                stdev: INIT_STD,
-            },
+            tch::nn::Init::Randn { mean: 0.0, stdev: INIT_STD },
         );
         let blocks = cfg
             .layers
@@ -87,26 +84,12 @@ impl KimiModel {
                     MixerKind::Mla => Mixer::Mla(Mla::new(&a, d, &cfg.mla)),
                 };
                 let ffn = match kind.ffn {
-                    FfnKind::Dense => Ffn::Dense(Mlp::new(
-                        &p.sub("mlp"),
-                        d,
-                        cfg.intermediate_size,
-                        cfg.activation,
-                    )),
-                    FfnKind::Moe => Ffn::Moe(Moe::new(
-                        &p.sub("block_sparse_moe"),
-                        d,
-                        &cfg.moe,
-                        cfg.activation,
-                        eps,
-                    )),
+                    FfnKind::Dense => Ffn::Dense(Mlp::new(&p.sub("mlp"), d, cfg.intermediate_size, cfg.activation)),
+                    FfnKind::Moe => Ffn::Moe(Moe::new(&p.sub("block_sparse_moe"), d, &cfg.moe, cfg.activation, eps)),
                 };
-                let res = cfg.attn_res_block_size.map(|_| {
-                    (
-                        AttnResPoint::new(&p, "self_attention_res", d),
-                        AttnResPoint::new(&p, "mlp_res", d),
-                    )
-                });
+                let res = cfg
+                    .attn_res_block_size
+                    .map(|_| (AttnResPoint::new(&p, "self_attention_res", d), AttnResPoint::new(&p, "mlp_res", d)));
                 Block {
                     mixer,
                     ffn,
@@ -116,9 +99,7 @@ impl KimiModel {
                 }
             })
             .collect();
-        let out_res = cfg
-            .attn_res_block_size
-            .map(|_| AttnResPoint::new(&m, "output_attn_res", d));
+        let out_res = cfg.attn_res_block_size.map(|_| AttnResPoint::new(&m, "output_attn_res", d));
         Self {
             cfg: cfg.clone(),
             embed,
@@ -150,13 +131,7 @@ impl KimiModel {
         }
     }
 
-    fn ffn(
-        &self,
-        blk: &Block,
-        x: &Tensor,
-        i: usize,
-        routing: &mut Vec<(usize, Routing)>,
-    ) -> Tensor {
+    fn ffn(&self, blk: &Block, x: &Tensor, i: usize, routing: &mut Vec<(usize, Routing)>) -> Tensor {
         let x = rms_norm(x, &blk.norm_post, self.cfg.rms_norm_eps);
         match &blk.ffn {
             Ffn::Dense(m) => m.forward(&x),
@@ -170,12 +145,7 @@ impl KimiModel {
 
     /// # Shapes
     /// ids: [B,T] int64 → logits [B,T,V]. With `state`, the tokens continue the sequences held in it.
-    pub fn forward(
-        &self,
-        ids: &Tensor,
-        mut state: Option<&mut Vec<LayerState>>,
-        want_hidden: bool,
-    ) -> Output {
+    pub fn forward(&self, ids: &Tensor, mut state: Option<&mut Vec<LayerState>>, want_hidden: bool) -> Output {
         let eps = self.cfg.rms_norm_eps;
         let emb = Tensor::embedding(&self.embed, ids, -1, false, false); // [B,T,C]
         let mut hidden = Vec::new();
@@ -200,19 +170,12 @@ impl KimiModel {
                 let mut bank: Vec<Tensor> = Vec::new();
                 let mut prefix = Some(emb);
                 for (i, blk) in self.blocks.iter().enumerate() {
-                    let (attn_res, mlp_res) = blk
-                        .res
-                        .as_ref()
-                        .expect("AttnRes points exist when block size is set");
+                    let (attn_res, mlp_res) = blk.res.as_ref().expect("AttnRes points exist when block size is set");
                     let cur = prefix.take().expect("prefix is set between layers");
                     if want_hidden {
                         hidden.push(cur.shallow_clone());
                     }
-                    let x = if bank.is_empty() {
-                        cur.shallow_clone()
-                    } else {
-                        attn_res.mix(&cur, &bank, eps)
-                    };
+                    let x = if bank.is_empty() { cur.shallow_clone() } else { attn_res.mix(&cur, &bank, eps) };
                     let cur = if i % block == 0 {
                         bank.push(cur); // seal the finished block (layer 0 seals the embedding)
                         None
@@ -230,20 +193,13 @@ impl KimiModel {
                     prefix = Some(cur + m);
                 }
                 let cur = prefix.expect("prefix after the last layer");
-                self.out_res
-                    .as_ref()
-                    .expect("output AttnRes point")
-                    .mix(&cur, &bank, eps)
+                self.out_res.as_ref().expect("output AttnRes point").mix(&cur, &bank, eps)
             }
         };
         let h = rms_norm(&h, &self.norm, eps);
         if want_hidden {
             hidden.push(h.shallow_clone());
         }
-        Output {
-            logits: self.lm_head.forward(&h),
-            hidden_states: hidden,
-            routing,
-        }
+        Output { logits: self.lm_head.forward(&h), hidden_states: hidden, routing }
     }
 }

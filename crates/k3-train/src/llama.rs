@@ -44,8 +44,7 @@ pub struct LlamaModel {
 fn rope(x: &Tensor, pos: &Tensor, theta: f64) -> Tensor {
     let d = x.size()[3];
     let half = d / 2;
-    let inv =
-        (Tensor::arange(half, (Kind::Float, x.device())) * (-2.0 * theta.ln() / d as f64)).exp(); // θ^(−2i/D)
+    let inv = (Tensor::arange(half, (Kind::Float, x.device())) * (-2.0 * theta.ln() / d as f64)).exp(); // θ^(−2i/D)
     let freqs = pos.to_kind(Kind::Float).unsqueeze(1) * inv.unsqueeze(0); // [T, D/2]
     let emb = Tensor::cat(&[&freqs, &freqs], -1); // [T, D]
     let (cos, sin) = (emb.cos().to_kind(x.kind()), emb.sin().to_kind(x.kind()));
@@ -62,10 +61,7 @@ impl LlamaModel {
         let embed = m.sub("embed_tokens").var(
             "weight",
             &[cfg.vocab_size as i64, d as i64],
-            tch::nn::Init::Randn {
-                mean: 0.0,
-                stdev: INIT_STD,
-            },
+            tch::nn::Init::Randn { mean: 0.0, stdev: INIT_STD },
         );
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| {
@@ -79,27 +75,14 @@ impl LlamaModel {
                         v: Linear::new(&a, "v_proj", d, cfg.num_key_value_heads * hd, b),
                         o: Linear::new(&a, "o_proj", cfg.num_attention_heads * hd, d, b),
                     },
-                    mlp: Mlp::new_with_bias(
-                        &p.sub("mlp"),
-                        d,
-                        cfg.intermediate_size,
-                        Activation::Silu,
-                        cfg.mlp_bias,
-                    ),
+                    mlp: Mlp::new_with_bias(&p.sub("mlp"), d, cfg.intermediate_size, Activation::Silu, cfg.mlp_bias),
                     norm_in: norm_weight(&p, "input_layernorm", d),
                     norm_post: norm_weight(&p, "post_attention_layernorm", d),
                 }
             })
             .collect();
-        let lm_head = (!cfg.tie_word_embeddings)
-            .then(|| Linear::new(root, "lm_head", d, cfg.vocab_size, false));
-        Self {
-            cfg: cfg.clone(),
-            embed,
-            layers,
-            norm: norm_weight(&m, "norm", d),
-            lm_head,
-        }
+        let lm_head = (!cfg.tie_word_embeddings).then(|| Linear::new(root, "lm_head", d, cfg.vocab_size, false));
+        Self { cfg: cfg.clone(), embed, layers, norm: norm_weight(&m, "norm", d), lm_head }
     }
 
     pub fn new_state(&self) -> Vec<KvCache> {
@@ -109,26 +92,11 @@ impl LlamaModel {
     fn attention(&self, a: &Attention, x: &Tensor, cache: Option<&mut KvCache>) -> Tensor {
         let (b, t, _) = x.size3().expect("x must be [B,T,C]");
         let c = &self.cfg;
-        let (hq, hkv, d) = (
-            c.num_attention_heads as i64,
-            c.num_key_value_heads as i64,
-            c.head_dim as i64,
-        );
-        let past = cache
-            .as_ref()
-            .and_then(|c| c.k.as_ref())
-            .map_or(0, |k| k.size()[2]);
+        let (hq, hkv, d) = (c.num_attention_heads as i64, c.num_key_value_heads as i64, c.head_dim as i64);
+        let past = cache.as_ref().and_then(|c| c.k.as_ref()).map_or(0, |k| k.size()[2]);
         let pos = Tensor::arange(t, (Kind::Int64, x.device())) + past;
-        let q = rope(
-            &a.q.forward(x).view([b, t, hq, d]).transpose(1, 2),
-            &pos,
-            c.rope_theta,
-        ); // [B,Hq,T,D]
-        let k = rope(
-            &a.k.forward(x).view([b, t, hkv, d]).transpose(1, 2),
-            &pos,
-            c.rope_theta,
-        ); // [B,Hkv,T,D]
+        let q = rope(&a.q.forward(x).view([b, t, hq, d]).transpose(1, 2), &pos, c.rope_theta); // [B,Hq,T,D]
+        let k = rope(&a.k.forward(x).view([b, t, hkv, d]).transpose(1, 2), &pos, c.rope_theta); // [B,Hkv,T,D]
         let v = a.v.forward(x).view([b, t, hkv, d]).transpose(1, 2);
         let (k, v) = match cache {
             Some(cache) => {
@@ -148,11 +116,7 @@ impl LlamaModel {
         }; // [B,Hkv,S,D]
         let s = past + t;
         let rep = hq / hkv;
-        let expand = |x: &Tensor| {
-            x.unsqueeze(2)
-                .expand([b, hkv, rep, s, d], false)
-                .reshape([b, hq, s, d])
-        };
+        let expand = |x: &Tensor| x.unsqueeze(2).expand([b, hkv, rep, s, d], false).reshape([b, hq, s, d]);
         let (k, v) = (expand(&k), expand(&v));
         let scores = q.matmul(&k.transpose(-1, -2)) * (d as f64).powf(-0.5); // [B,Hq,T,S]
         let kpos = Tensor::arange(s, (Kind::Int64, x.device()));

@@ -63,25 +63,11 @@ impl Mla {
         };
         Self {
             q,
-            kv_a: Linear::new(
-                p,
-                "kv_a_proj_with_mqa",
-                hidden,
-                cfg.kv_lora_rank + cfg.qk_rope_head_dim,
-                bias,
-            ),
+            kv_a: Linear::new(p, "kv_a_proj_with_mqa", hidden, cfg.kv_lora_rank + cfg.qk_rope_head_dim, bias),
             kv_norm: norm_weight(p, "kv_a_layernorm", cfg.kv_lora_rank),
-            kv_b: Linear::new(
-                p,
-                "kv_b_proj",
-                cfg.kv_lora_rank,
-                h * (cfg.qk_nope_head_dim + cfg.v_head_dim),
-                false,
-            ),
+            kv_b: Linear::new(p, "kv_b_proj", cfg.kv_lora_rank, h * (cfg.qk_nope_head_dim + cfg.v_head_dim), false),
             o: Linear::new(p, "o_proj", h * cfg.v_head_dim, hidden, bias),
-            gate: cfg
-                .output_gate
-                .then(|| Linear::new(p, "g_proj", hidden, h * cfg.v_head_dim, false)),
+            gate: cfg.output_gate.then(|| Linear::new(p, "g_proj", hidden, h * cfg.v_head_dim, false)),
             heads: h as i64,
             dn: cfg.qk_nope_head_dim as i64,
             dr: cfg.qk_rope_head_dim as i64,
@@ -98,27 +84,19 @@ impl Mla {
         let (h, dn, dr, dv) = (self.heads, self.dn, self.dr, self.dv);
         let q = match &self.q {
             QProj::Plain(l) => l.forward(x),
-            QProj::Lora { a, norm, b: qb } => {
-                qb.forward(&rms_norm(&a.forward(x), norm, LATENT_NORM_EPS))
-            }
+            QProj::Lora { a, norm, b: qb } => qb.forward(&rms_norm(&a.forward(x), norm, LATENT_NORM_EPS)),
         }
         .view([b, t, h, dn + dr])
         .transpose(1, 2); // [B,H,T,Dn+Dr]
 
         let ckv = self.kv_a.forward(x); // [B,T,R+Dr]
-        let c_kv = rms_norm(
-            &ckv.narrow(-1, 0, self.rank),
-            &self.kv_norm,
-            LATENT_NORM_EPS,
-        ); // [B,T,R]
+        let c_kv = rms_norm(&ckv.narrow(-1, 0, self.rank), &self.kv_norm, LATENT_NORM_EPS); // [B,T,R]
         let k_r = ckv.narrow(-1, self.rank, dr); // [B,T,Dr], shared by all heads, no rotary (NoPE)
         let past = cache.as_ref().map_or(0, |c| c.len());
         let (c_all, k_r_all) = match cache {
             Some(c) => {
                 let (ca, ka) = match (&c.c_kv, &c.k_r) {
-                    (Some(pc), Some(pk)) => {
-                        (Tensor::cat(&[pc, &c_kv], 1), Tensor::cat(&[pk, &k_r], 1))
-                    }
+                    (Some(pc), Some(pk)) => (Tensor::cat(&[pc, &c_kv], 1), Tensor::cat(&[pk, &k_r], 1)),
                     _ => (c_kv, k_r),
                 };
                 c.c_kv = Some(ca.shallow_clone());
@@ -128,17 +106,10 @@ impl Mla {
             None => (c_kv, k_r),
         }; // [B,S,R], [B,S,Dr]
         let s = past + t;
-        let kv = self
-            .kv_b
-            .forward(&c_all)
-            .view([b, s, h, dn + dv])
-            .transpose(1, 2); // [B,H,S,Dn+Dv]
+        let kv = self.kv_b.forward(&c_all).view([b, s, h, dn + dv]).transpose(1, 2); // [B,H,S,Dn+Dv]
         let k_nope = kv.narrow(-1, 0, dn);
         let v = kv.narrow(-1, dn, dv); // [B,H,S,Dv]
-        let k = Tensor::cat(
-            &[k_nope, k_r_all.unsqueeze(1).expand([b, h, s, dr], false)],
-            -1,
-        ); // [B,H,S,Dn+Dr]
+        let k = Tensor::cat(&[k_nope, k_r_all.unsqueeze(1).expand([b, h, s, dr], false)], -1); // [B,H,S,Dn+Dr]
 
         // softmax((q·kᵀ)/√(Dn+Dr) + causal) in f32; query t sits at absolute position P + t.
         let scale = ((dn + dr) as f64).powf(-0.5);

@@ -44,11 +44,7 @@ impl Model {
             ModelConfig::Kimi(c) => Net::Kimi(KimiModel::new(&vs.root(), c)),
             ModelConfig::Llama(c) => Net::Llama(LlamaModel::new(&vs.root(), c)),
         };
-        let model = Self {
-            vs,
-            net,
-            config: cfg.clone(),
-        };
+        let model = Self { vs, net, config: cfg.clone() };
         model.check_contract()?;
         Ok(model)
     }
@@ -58,9 +54,7 @@ impl Model {
         let vars = self.vs.variables();
         let specs = tensor_specs(&self.config);
         for s in &specs {
-            let v = vars
-                .get(&s.name)
-                .ok_or_else(|| Error::Invalid(format!("model has no parameter `{}`", s.name)))?;
+            let v = vars.get(&s.name).ok_or_else(|| Error::Invalid(format!("model has no parameter `{}`", s.name)))?;
             if v.size().iter().map(|&x| x as usize).collect::<Vec<_>>() != s.shape {
                 return Err(Error::Invalid(format!(
                     "parameter `{}` is {:?}, contract says {:?}",
@@ -72,9 +66,7 @@ impl Model {
         }
         let names: HashSet<&str> = specs.iter().map(|s| s.name.as_str()).collect();
         if let Some(extra) = vars.keys().find(|k| !names.contains(k.as_str())) {
-            return Err(Error::Invalid(format!(
-                "parameter `{extra}` is not in the weight-name contract"
-            )));
+            return Err(Error::Invalid(format!("parameter `{extra}` is not in the weight-name contract")));
         }
         Ok(())
     }
@@ -96,10 +88,7 @@ impl Model {
         let vars = self.vs.variables();
         let mut out = HashMap::new();
         for spec in tensor_specs(&self.config) {
-            let t = vars[&spec.name]
-                .to_kind(Kind::Float)
-                .to_device(Device::Cpu)
-                .flatten(0, -1);
+            let t = vars[&spec.name].to_kind(Kind::Float).to_device(Device::Cpu).flatten(0, -1);
             out.insert(spec.name, Vec::<f32>::try_from(&t)?);
         }
         save_checkpoint(dir, &self.config, out)?;
@@ -125,11 +114,7 @@ impl Model {
                     _ => None,
                 };
                 let (logits, hidden_states) = m.forward(ids, s, want_hidden);
-                Output {
-                    logits,
-                    hidden_states,
-                    routing: vec![],
-                }
+                Output { logits, hidden_states, routing: vec![] }
             }
         }
     }

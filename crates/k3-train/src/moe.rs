@@ -37,47 +37,23 @@ pub struct Routing {
 }
 
 impl Moe {
-    pub fn new(
-        p: &tch::nn::Path,
-        hidden: usize,
-        cfg: &MoeConfig,
-        act: Activation,
-        eps: f64,
-    ) -> Self {
+    pub fn new(p: &tch::nn::Path, hidden: usize, cfg: &MoeConfig, act: Activation, eps: f64) -> Self {
         let e = cfg.num_experts;
         let width = cfg.latent.map_or(hidden, |l| l.dim);
         let gate = p.sub("gate");
-        let router = gate.var(
-            "weight",
-            &[e as i64, hidden as i64],
-            tch::nn::Init::Randn {
-                mean: 0.0,
-                stdev: INIT_STD,
-            },
-        );
+        let router =
+            gate.var("weight", &[e as i64, hidden as i64], tch::nn::Init::Randn { mean: 0.0, stdev: INIT_STD });
         let correction_bias = gate.zeros_no_train("e_score_correction_bias", &[e as i64]);
         let ep = p.sub("experts");
-        let experts = (0..e)
-            .map(|i| Mlp::new_expert(&ep.sub(i), width, cfg.intermediate_size, act))
-            .collect();
+        let experts = (0..e).map(|i| Mlp::new_expert(&ep.sub(i), width, cfg.intermediate_size, act)).collect();
         let fs = cfg.intermediate_size * cfg.num_shared_experts;
         let shared = (fs > 0).then(|| Mlp::new(&p.sub("shared_experts"), hidden, fs, act));
         let latent = cfg.latent.map(|l| Latent {
             down: Linear::new(p, "routed_expert_down_proj", hidden, l.dim, false),
             up: Linear::new(p, "routed_expert_up_proj", l.dim, hidden, false),
-            norm: l
-                .use_norm
-                .then(|| norm_weight(p, "routed_expert_norm", l.dim)),
+            norm: l.use_norm.then(|| norm_weight(p, "routed_expert_norm", l.dim)),
         });
-        Self {
-            router,
-            correction_bias,
-            experts,
-            shared,
-            latent,
-            cfg: cfg.clone(),
-            eps,
-        }
+        Self { router, correction_bias, experts, shared, latent, cfg: cfg.clone(), eps }
     }
 
     /// Sigmoid router in f32: the biased scores choose, the unbiased scores weigh.
@@ -89,10 +65,7 @@ impl Moe {
         let (n, e) = (x.size()[0], c.num_experts as i64);
         let scores = x
             .to_kind(crate::nn::compute_kind(x.kind()))
-            .linear(
-                &self.router.to_kind(crate::nn::compute_kind(x.kind())),
-                None::<Tensor>,
-            )
+            .linear(&self.router.to_kind(crate::nn::compute_kind(x.kind())), None::<Tensor>)
             .sigmoid(); // [N,E]
         let mut choice = &scores + &self.correction_bias; // [N,E]
         if c.num_expert_group > 1 {
@@ -100,18 +73,11 @@ impl Moe {
             // top `topk_group` groups stay eligible (transformers `KimiLinearTopkRouter`).
             let groups = c.num_expert_group as i64;
             let per = e / groups;
-            let group_scores = choice
-                .view([n, groups, per])
-                .topk(2, -1, true, false)
-                .0
-                .sum_dim_intlist(-1, false, None);
+            let group_scores =
+                choice.view([n, groups, per]).topk(2, -1, true, false).0.sum_dim_intlist(-1, false, None);
             let keep = group_scores.topk(c.topk_group as i64, -1, true, false).1; // [N, topk_group]
-            let mask = Tensor::zeros([n, groups], (scores.kind(), x.device()))
-                .scatter_value(1, &keep, 1.0);
-            let mask = mask
-                .unsqueeze(-1)
-                .expand([n, groups, per], false)
-                .reshape([n, e]);
+            let mask = Tensor::zeros([n, groups], (scores.kind(), x.device())).scatter_value(1, &keep, 1.0);
+            let mask = mask.unsqueeze(-1).expand([n, groups, per], false).reshape([n, e]);
             choice = choice.masked_fill(&mask.eq(0.0), f64::NEG_INFINITY);
         }
         let idx = choice.topk(c.top_k as i64, -1, true, false).1; // [N,k]
@@ -119,11 +85,7 @@ impl Moe {
         if c.renormalize {
             weight = &weight / (weight.sum_dim_intlist(-1, true, None) + 1e-20);
         }
-        Routing {
-            idx,
-            weight: weight * c.routed_scaling_factor,
-            scores,
-        }
+        Routing { idx, weight: weight * c.routed_scaling_factor, scores }
     }
 
     /// # Shapes
@@ -145,12 +107,7 @@ impl Moe {
                 continue;
             }
             let tok = hit.divide_scalar_mode(k, "floor"); // token of each hit
-            let w = r
-                .weight
-                .view([-1])
-                .index_select(0, &hit)
-                .unsqueeze(-1)
-                .to_kind(z.kind());
+            let w = r.weight.view([-1]).index_select(0, &hit).unsqueeze(-1).to_kind(z.kind());
             let out = expert.forward(&z.index_select(0, &tok)) * w;
             acc = acc.index_add(0, &tok, &out);
         }

@@ -20,14 +20,7 @@ impl Linear {
     /// A new `name.weight` [out, in] (normal 0.02) and, if `bias`, `name.bias` [out] (zeros).
     pub fn new(p: &Path, name: &str, inp: usize, out: usize, bias: bool) -> Self {
         let q = p.sub(name);
-        let weight = q.var(
-            "weight",
-            &[out as i64, inp as i64],
-            Init::Randn {
-                mean: 0.0,
-                stdev: INIT_STD,
-            },
-        );
+        let weight = q.var("weight", &[out as i64, inp as i64], Init::Randn { mean: 0.0, stdev: INIT_STD });
         let bias = bias.then(|| q.var("bias", &[out as i64], Init::Const(0.0)));
         Self { weight, bias }
     }

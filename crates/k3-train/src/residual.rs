@@ -16,11 +16,7 @@ impl AttnResPoint {
     /// Parameters `{name}_norm.weight` [C] and `{name}_proj.weight` [1, C] under `p`.
     pub fn new(p: &tch::nn::Path, name: &str, hidden: usize) -> Self {
         let norm = crate::nn::norm_weight(p, &format!("{name}_norm"), hidden);
-        let proj = p.sub(format!("{name}_proj")).var(
-            "weight",
-            &[1, hidden as i64],
-            tch::nn::Init::Const(0.0),
-        );
+        let proj = p.sub(format!("{name}_proj")).var("weight", &[1, hidden as i64], tch::nn::Init::Const(0.0));
         Self { norm, proj }
     }
 
@@ -36,9 +32,7 @@ impl AttnResPoint {
         let k = crate::nn::rms_normalize(&v, eps);
         let query = (&self.norm * self.proj.squeeze_dim(0)).to_kind(v.kind()); // [C]
         let score = (k * query).sum_dim_intlist(-1, false, None); // [B,T,N+1]
-        let p = score
-            .softmax(-1, crate::nn::compute_kind(v.kind()))
-            .to_kind(v.kind());
+        let p = score.softmax(-1, crate::nn::compute_kind(v.kind())).to_kind(v.kind());
         (p.unsqueeze(-1) * v).sum_dim_intlist(2, false, None)
     }
 }

@@ -17,9 +17,7 @@ const OP_TOL: f64 = 1e-5;
 const MODEL_TOL: f64 = 1e-4;
 
 fn golden(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/golden")
-        .join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden").join(name)
 }
 
 struct Fixture(SafetensorsFile);
@@ -29,10 +27,7 @@ impl Fixture {
         Self(SafetensorsFile::open(&golden(name)).expect("fixture (run scripts/golden)"))
     }
     fn get(&self, name: &str) -> Tensor {
-        let t = self
-            .0
-            .tensor(name)
-            .unwrap_or_else(|| panic!("fixture tensor {name}"));
+        let t = self.0.tensor(name).unwrap_or_else(|| panic!("fixture tensor {name}"));
         let shape: Vec<i64> = t.shape.iter().map(|&x| x as i64).collect();
         match t.dtype {
             safetensors::Dtype::I64 => Tensor::from_slice(&t.to_i64().expect("i64")).reshape(shape),
@@ -43,57 +38,23 @@ impl Fixture {
 
 fn assert_close(what: &str, got: &Tensor, want: &Tensor, tol: f64) {
     assert_eq!(got.size(), want.size(), "{what}: shape");
-    let diff = (got.to_kind(Kind::Double) - want.to_kind(Kind::Double))
-        .abs()
-        .max()
-        .double_value(&[]);
+    let diff = (got.to_kind(Kind::Double) - want.to_kind(Kind::Double)).abs().max().double_value(&[]);
     assert!(diff <= tol, "{what}: max abs diff {diff:.3e} > {tol:.0e}");
 }
 
 #[test]
 fn kda_op_matches_transformers_and_fla() {
     let f = Fixture::open("kda_core.safetensors");
-    let (q, k, v, g, beta, s0) = (
-        f.get("q"),
-        f.get("k"),
-        f.get("v"),
-        f.get("g"),
-        f.get("beta"),
-        f.get("initial_state"),
-    );
+    let (q, k, v, g, beta, s0) =
+        (f.get("q"), f.get("k"), f.get("v"), f.get("g"), f.get("beta"), f.get("initial_state"));
     let (o_c, s_c) = kda_chunk(&q, &k, &v, &g, &beta, Some(&s0), 64);
     let (o_r, s_r) = kda_recurrent(&q, &k, &v, &g, &beta, Some(&s0));
     for (name, o, s) in [("chunk", &o_c, &s_c), ("recurrent", &o_r, &s_r)] {
-        assert_close(
-            &format!("{name} o vs transformers recurrent"),
-            o,
-            &f.get("o_recurrent"),
-            OP_TOL,
-        );
-        assert_close(
-            &format!("{name} o vs transformers chunk64"),
-            o,
-            &f.get("o_chunk64"),
-            OP_TOL,
-        );
-        assert_close(
-            &format!("{name} o vs fla naive"),
-            o,
-            &f.get("o_fla_naive_recurrent"),
-            OP_TOL,
-        );
-        assert_close(
-            &format!("{name} S vs transformers"),
-            s,
-            &f.get("final_state_recurrent"),
-            OP_TOL,
-        );
-        assert_close(
-            &format!("{name} S vs fla naive"),
-            s,
-            &f.get("final_state_fla_naive_recurrent"),
-            OP_TOL,
-        );
+        assert_close(&format!("{name} o vs transformers recurrent"), o, &f.get("o_recurrent"), OP_TOL);
+        assert_close(&format!("{name} o vs transformers chunk64"), o, &f.get("o_chunk64"), OP_TOL);
+        assert_close(&format!("{name} o vs fla naive"), o, &f.get("o_fla_naive_recurrent"), OP_TOL);
+        assert_close(&format!("{name} S vs transformers"), s, &f.get("final_state_recurrent"), OP_TOL);
+        assert_close(&format!("{name} S vs fla naive"), s, &f.get("final_state_fla_naive_recurrent"), OP_TOL);
     }
 }
 
@@ -127,65 +88,33 @@ fn kda_op_with_decay_beyond_exp_range() {
 fn kda_gates_match_fla() {
     let f = Fixture::open("kda_gate.safetensors");
     let (x, a, dt) = (f.get("f"), f.get("A_log"), f.get("dt_bias"));
-    assert_close(
-        "softplus gate",
-        &kda_gate(&x, &a, &dt, KdaDecay::Softplus),
-        &f.get("g"),
-        OP_TOL,
-    );
+    assert_close("softplus gate", &kda_gate(&x, &a, &dt, KdaDecay::Softplus), &f.get("g"), OP_TOL);
     let lb = kda_gate(&x, &a, &dt, KdaDecay::LowerBound(-5.0));
     assert_close("lower-bound gate", &lb, &f.get("g_lower_bound"), OP_TOL);
     // The lower-bound gate lies strictly in (−5, 0) (in f64: f32's sigmoid saturates to exactly 0 or 1
     // past |x| ≈ 17), and the softplus gate is ≤ 0.
     let xd = x.to_kind(Kind::Double);
-    let lb = kda_gate(
-        &xd,
-        &(a.zeros_like()),
-        &dt.to_kind(Kind::Double),
-        KdaDecay::LowerBound(-5.0),
-    );
+    let lb = kda_gate(&xd, &(a.zeros_like()), &dt.to_kind(Kind::Double), KdaDecay::LowerBound(-5.0));
     assert!(bool::try_from(lb.gt(-5.0).all().logical_and(&lb.lt(0.0).all())).expect("bool"));
-    assert!(
-        bool::try_from(kda_gate(&xd, &a, &dt, KdaDecay::Softplus).le(0.0).all()).expect("bool")
-    );
+    assert!(bool::try_from(kda_gate(&xd, &a, &dt, KdaDecay::Softplus).le(0.0).all()).expect("bool"));
 }
 
 fn load(tag: &str) -> Model {
-    let (m, warnings) =
-        Model::load(&golden(&format!("tiny_kimi_linear_{tag}")), Device::Cpu).expect("load");
-    assert!(
-        warnings.iter().all(|w| !w.contains("not used")),
-        "{warnings:?}"
-    );
+    let (m, warnings) = Model::load(&golden(&format!("tiny_kimi_linear_{tag}")), Device::Cpu).expect("load");
+    assert!(warnings.iter().all(|w| !w.contains("not used")), "{warnings:?}");
     m
 }
 
 #[test]
 fn kda_and_mla_layers_match_transformers() {
     let m = load("dense");
-    let Net::Kimi(net) = &m.net else {
-        panic!("kimi")
-    };
+    let Net::Kimi(net) = &m.net else { panic!("kimi") };
     let f = Fixture::open("layer_kda_io.safetensors");
-    let Mixer::Kda(kda) = &net.blocks[0].mixer else {
-        panic!("layer 0 is KDA")
-    };
-    assert_close(
-        "KDA layer",
-        &kda.forward(&f.get("x"), None),
-        &f.get("y"),
-        MODEL_TOL,
-    );
+    let Mixer::Kda(kda) = &net.blocks[0].mixer else { panic!("layer 0 is KDA") };
+    assert_close("KDA layer", &kda.forward(&f.get("x"), None), &f.get("y"), MODEL_TOL);
     let f = Fixture::open("layer_mla_io.safetensors");
-    let Mixer::Mla(mla) = &net.blocks[3].mixer else {
-        panic!("layer 3 is MLA")
-    };
-    assert_close(
-        "MLA layer",
-        &mla.forward(&f.get("x"), None),
-        &f.get("y"),
-        MODEL_TOL,
-    );
+    let Mixer::Mla(mla) = &net.blocks[3].mixer else { panic!("layer 3 is MLA") };
+    assert_close("MLA layer", &mla.forward(&f.get("x"), None), &f.get("y"), MODEL_TOL);
 }
 
 #[test]
@@ -195,29 +124,16 @@ fn whole_models_match_transformers() {
         let f = Fixture::open(&format!("tiny_kimi_linear_{tag}_io.safetensors"));
         let ids = f.get("input_ids");
         let out = tch::no_grad(|| m.forward(&ids, None, true));
-        assert_close(
-            &format!("{tag} logits"),
-            &out.logits,
-            &f.get("logits"),
-            MODEL_TOL,
-        );
+        assert_close(&format!("{tag} logits"), &out.logits, &f.get("logits"), MODEL_TOL);
         assert_eq!(out.hidden_states.len(), 5, "{tag}: L + 1 hidden states");
         for (i, h) in out.hidden_states.iter().enumerate() {
-            assert_close(
-                &format!("{tag} hidden_states.{i}"),
-                h,
-                &f.get(&format!("hidden_states.{i}")),
-                MODEL_TOL,
-            );
+            assert_close(&format!("{tag} hidden_states.{i}"), h, &f.get(&format!("hidden_states.{i}")), MODEL_TOL);
         }
         // 48-token prefill, then 32 single-token decode steps through the cache.
         let mut state = m.new_state(ids.size()[0]);
-        let mut steps =
-            vec![tch::no_grad(|| m.forward(&ids.narrow(1, 0, 48), Some(&mut state), false)).logits];
+        let mut steps = vec![tch::no_grad(|| m.forward(&ids.narrow(1, 0, 48), Some(&mut state), false)).logits];
         for i in 48..ids.size()[1] {
-            steps.push(
-                tch::no_grad(|| m.forward(&ids.narrow(1, i, 1), Some(&mut state), false)).logits,
-            );
+            steps.push(tch::no_grad(|| m.forward(&ids.narrow(1, i, 1), Some(&mut state), false)).logits);
         }
         let inc = Tensor::cat(&steps, 1);
         assert_close(
@@ -226,12 +142,7 @@ fn whole_models_match_transformers() {
             &f.get("logits_incremental"),
             MODEL_TOL,
         );
-        assert_close(
-            &format!("{tag} prefill+decode vs full forward"),
-            &inc,
-            &out.logits,
-            MODEL_TOL,
-        );
+        assert_close(&format!("{tag} prefill+decode vs full forward"), &inc, &out.logits, MODEL_TOL);
     }
 }
 
@@ -250,18 +161,11 @@ fn k3_model_matches_independent_naive_reference() {
     assert_close("tiny_k3 logits in f64", &exact, &f.get("logits"), 1e-5);
     // prefill 25 + 15 single steps ≡ full forward (KDA state + conv tail, MLA cache, AttnRes per token)
     let mut state = m.new_state(2);
-    let mut steps =
-        vec![tch::no_grad(|| m.forward(&ids.narrow(1, 0, 25), Some(&mut state), false)).logits];
+    let mut steps = vec![tch::no_grad(|| m.forward(&ids.narrow(1, 0, 25), Some(&mut state), false)).logits];
     for i in 25..40 {
-        steps
-            .push(tch::no_grad(|| m.forward(&ids.narrow(1, i, 1), Some(&mut state), false)).logits);
+        steps.push(tch::no_grad(|| m.forward(&ids.narrow(1, i, 1), Some(&mut state), false)).logits);
     }
-    assert_close(
-        "tiny_k3 prefill+decode vs full (f64)",
-        &Tensor::cat(&steps, 1),
-        &exact,
-        1e-9,
-    );
+    assert_close("tiny_k3 prefill+decode vs full (f64)", &Tensor::cat(&steps, 1), &exact, 1e-9);
     m.vs.float();
     let out = tch::no_grad(|| m.forward(&ids, None, true));
     for i in 0..4 {

@@ -18,25 +18,15 @@ fn attn_res_with_zero_queries_is_the_uniform_mean_and_one_source_is_identity() {
     let vs = VarStore::new(Device::Cpu);
     let point = AttnResPoint::new(&vs.root(), "mlp_res", 32); // pseudo-query initialised to zero
     tch::manual_seed(1);
-    let srcs: Vec<Tensor> = (0..4)
-        .map(|i| Tensor::randn([2, 5, 32], (Kind::Float, Device::Cpu)) * (i + 1) as f64)
-        .collect();
+    let srcs: Vec<Tensor> =
+        (0..4).map(|i| Tensor::randn([2, 5, 32], (Kind::Float, Device::Cpu)) * (i + 1) as f64).collect();
     let mixed = point.mix(&srcs[3], &srcs[..3], 1e-5);
     let mean = Tensor::stack(&srcs, 0).mean_dim(0, false, None);
-    assert!(
-        max_abs(&mixed, &mean) < 1e-6,
-        "zero queries must give the uniform mean"
-    );
+    assert!(max_abs(&mixed, &mean) < 1e-6, "zero queries must give the uniform mean");
     let alone = point.mix(&srcs[0], &[], 1e-5);
-    assert!(
-        max_abs(&alone, &srcs[0]) < 1e-7,
-        "one source is the identity"
-    );
+    assert!(max_abs(&alone, &srcs[0]) < 1e-7, "one source is the identity");
     // With a non-zero query the mix is a convex combination: inside the sources' per-element hull.
-    k3_train::nn::set_param(
-        &point.proj,
-        &Tensor::randn([1, 32], (Kind::Float, Device::Cpu)),
-    );
+    k3_train::nn::set_param(&point.proj, &Tensor::randn([1, 32], (Kind::Float, Device::Cpu)));
     let m = point.mix(&srcs[3], &srcs[..3], 1e-5);
     let st = Tensor::stack(&srcs, 0);
     assert!(bool::try_from(m.le_tensor(&(st.amax(0, false) + 1e-5)).all()).expect("bool"));
@@ -66,31 +56,19 @@ fn tiny_k3_model() -> Model {
 fn router_bias_changes_selection_but_not_the_weights_of_a_selection() {
     let m = tiny_k3_model();
     let Net::Kimi(net) = &m.net else { panic!() };
-    let Ffn::Moe(moe) = &net.blocks[1].ffn else {
-        panic!("layer 1 is MoE in tiny-k3")
-    };
+    let Ffn::Moe(moe) = &net.blocks[1].ffn else { panic!("layer 1 is MoE in tiny-k3") };
     tch::manual_seed(3);
-    k3_train::nn::set_param(
-        &net.embed,
-        &Tensor::randn([4096, 192], (Kind::Float, Device::Cpu)),
-    );
+    k3_train::nn::set_param(&net.embed, &Tensor::randn([4096, 192], (Kind::Float, Device::Cpu)));
     let x = Tensor::randn([300, 192], (Kind::Float, Device::Cpu));
     let r0 = moe.route(&x);
     // Renormalised weights sum to routed_scaling_factor (1.0 for K3).
     let sums = r0.weight.sum_dim_intlist(-1, false, None);
     assert!(max_abs(&sums, &sums.ones_like()) < 1e-6);
     // A large bias on expert 5 pulls it into every selection...
-    let bias = Tensor::zeros([8], (Kind::Float, Device::Cpu)).index_fill(
-        0,
-        &Tensor::from_slice(&[5i64]),
-        10.0,
-    );
+    let bias = Tensor::zeros([8], (Kind::Float, Device::Cpu)).index_fill(0, &Tensor::from_slice(&[5i64]), 10.0);
     k3_train::nn::set_param(&moe.correction_bias, &bias);
     let r1 = moe.route(&x);
-    assert!(
-        bool::try_from(r1.idx.eq(5).any_dim(-1, false).all()).expect("bool"),
-        "bias must change selection"
-    );
+    assert!(bool::try_from(r1.idx.eq(5).any_dim(-1, false).all()).expect("bool"), "bias must change selection");
     // ...but the weights of the chosen experts are still the unbiased σ scores, renormalised.
     let s = r1.scores.gather(1, &r1.idx, false);
     let expect = &s / s.sum_dim_intlist(-1, true, None);
@@ -107,17 +85,11 @@ fn every_preset_runs_and_decode_matches_full_forward() {
         let ids = Tensor::randint(512, [2, 70], (Kind::Int64, Device::Cpu));
         let full = tch::no_grad(|| m.forward(&ids, None, false)).logits;
         let mut st = m.new_state(2);
-        let mut parts =
-            vec![tch::no_grad(|| m.forward(&ids.narrow(1, 0, 66), Some(&mut st), false)).logits];
+        let mut parts = vec![tch::no_grad(|| m.forward(&ids.narrow(1, 0, 66), Some(&mut st), false)).logits];
         for i in 66..70 {
-            parts.push(
-                tch::no_grad(|| m.forward(&ids.narrow(1, i, 1), Some(&mut st), false)).logits,
-            );
+            parts.push(tch::no_grad(|| m.forward(&ids.narrow(1, i, 1), Some(&mut st), false)).logits);
         }
         let d = max_abs(&Tensor::cat(&parts, 1), &full);
-        assert!(
-            d < 1e-4,
-            "{name}: prefill+decode differs from the full forward by {d:e}"
-        );
+        assert!(d < 1e-4, "{name}: prefill+decode differs from the full forward by {d:e}");
     }
 }

@@ -1,15 +1,11 @@
 //! f16 and bf16 rows (IEEE half via the `half` crate, round-to-nearest-even like ggml).
 
 pub fn f32_to_f16_bytes(x: &[f32]) -> Vec<u8> {
-    x.iter()
-        .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
-        .collect()
+    x.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect()
 }
 
 pub fn f32_to_bf16_bytes(x: &[f32]) -> Vec<u8> {
-    x.iter()
-        .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
-        .collect()
+    x.iter().flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()).collect()
 }
 
 pub fn f16_bytes_to_f32(b: &[u8], out: &mut [f32]) {

@@ -3,6 +3,7 @@
 //! Each block format has a reference quantizer (bit-identical to ggml's `quantize_row_*_ref`) and
 //! dequantizer. Rows are stored as raw little-endian bytes exactly as in a GGUF file.
 
+pub mod dot;
 pub mod float;
 pub mod q4_0;
 pub mod q4_1;
@@ -146,9 +147,7 @@ mod tests {
 
     /// ggml's tests/test-quantize-fns.cpp data and error metric (`sqrt(Σ d²) / n`).
     fn ggml_data(offset: f32, n: usize) -> Vec<f32> {
-        (0..n)
-            .map(|i| 0.1 + 2.0 * (i as f32 + offset).cos())
-            .collect()
+        (0..n).map(|i| 0.1 + 2.0 * (i as f32 + offset).cos()).collect()
     }
 
     fn ggml_rmse(a: &[f32], b: &[f32]) -> f32 {
@@ -164,7 +163,10 @@ mod tests {
         let dot_true: f64 = x.iter().zip(&y).map(|(a, b)| *a as f64 * *b as f64).sum();
         // (type, MAX_QUANTIZATION_TOTAL_ERROR, dot budget per element)
         for (ty, q_budget, dot_budget) in [
-            X(GgmlType::Q4_1, 0.002, 0.02),
+            // ggml's budget is 0.02 per element for every type; these are ours as measured on
+            // ggml's data (Q4_0 measures 0.00125; candle quotes 0.001143 on its own data).
+            (GgmlType::Q4_0, 0.002, 0.0015),
+            (GgmlType::Q4_1, 0.002, 0.02),
             (GgmlType::Q8_0, 0.002, 0.02),
             (GgmlType::Q8_1, 0.002, 0.02),
             (GgmlType::F16, 0.0001, 0.0001),
@@ -175,18 +177,17 @@ mod tests {
             let mut back = vec![0f32; n];
             ty.dequantize_row(&bytes, &mut back);
             let err = ggml_rmse(&x, &back);
-            assert!(
-                err < q_budget,
-                "{}: quantization error {err} ≥ {q_budget}",
-                ty.name()
-            );
+            assert!(err < q_budget, "{}: quantization error {err} ≥ {q_budget}", ty.name());
             let dot = ty.dot_ref(&bytes, &y) as f64;
             let per = ((dot - dot_true).abs() / n as f64) as f32;
-            assert!(
-                per < dot_budget,
-                "{}: dot error {per} ≥ {dot_budget}",
-                ty.name()
-            );
+            assert!(per < dot_budget, "{}: dot error {per} ≥ {dot_budget}", ty.name());
+            if ty == GgmlType::Q8_1 {
+                continue; // an activation-only format: nothing is stored as Q8_1
+            }
+            // ggml's test-quantize-fns path: the activation quantized to vec_dot_type, integer dot.
+            let yq = ty.vec_dot_type().quantize_row(&y);
+            let per = ((ty.vec_dot(&bytes, &yq) as f64 - dot_true).abs() / n as f64) as f32;
+            assert!(per < 0.02, "{}: quantized-activation dot error {per}", ty.name());
         }
     }
 

@@ -35,12 +35,28 @@ pub fn quantize_q8_1_ref(x: &[f32]) -> Vec<u8> {
     out
 }
 
+/// ggml's CPU activation quantizer (x86 `quantize_row_q8_0` / `quantize_row_q8_1`): as the
+/// reference, but the multiplier is `127 / amax` and rounding is to nearest-even. Weights are
+/// quantized with the reference; activations with this, so our integer dots see llama.cpp's bytes.
+pub fn quantize_act(x: &[f32], with_sum: bool) -> Vec<u8> {
+    let mut out = Vec::with_capacity(x.len() / BLOCK * if with_sum { 36 } else { 34 });
+    for blk in x.chunks_exact(BLOCK) {
+        let amax = blk.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        let qs: Vec<i8> = blk.iter().map(|&v| (v * id).round_ties_even() as i8).collect();
+        out.extend_from_slice(&f16_le(d));
+        if with_sum {
+            let sum: i32 = qs.iter().map(|&q| q as i32).sum();
+            out.extend_from_slice(&f16_le(d * sum as f32));
+        }
+        out.extend(qs.iter().map(|&q| q as u8));
+    }
+    out
+}
+
 pub fn dequantize_ref(ty: GgmlType, b: &[u8], out: &mut [f32]) {
-    let (bytes, off) = if ty == GgmlType::Q8_1 {
-        (36, 4)
-    } else {
-        (34, 2)
-    };
+    let (bytes, off) = if ty == GgmlType::Q8_1 { (36, 4) } else { (34, 2) };
     for (blk, o) in b.chunks_exact(bytes).zip(out.chunks_exact_mut(BLOCK)) {
         let d = f16_at(blk);
         for (v, &q) in o.iter_mut().zip(&blk[off..]) {

@@ -1,0 +1,62 @@
+//! Bad input gets a clear error naming the file, field or tensor, never a panic (pure Rust).
+
+mod common;
+
+use common::*;
+
+fn fails(args: &[&str]) -> String {
+    let out = k3mini().args(args).output().expect("spawn");
+    let text = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{args:?} should fail");
+    assert!(!text.contains("panicked"), "{args:?} panicked:\n{text}");
+    text
+}
+
+#[test]
+fn gguf_and_prompt_errors() {
+    let d = scratch("errors");
+    let g = d.join("m.gguf");
+    run(k3mini()
+        .args(["quantize", "--model"])
+        .arg(golden("tiny_kimi_linear_dense"))
+        .args(["--type", "f16", "--out"])
+        .arg(&g));
+    let bytes = std::fs::read(&g).expect("read");
+    let gs = |name: &str, b: &[u8]| {
+        let p = d.join(name);
+        std::fs::write(&p, b).expect("write");
+        p.to_string_lossy().into_owned()
+    };
+    let t = gs("trunc.gguf", &bytes[..bytes.len() / 2]);
+    let e = fails(&["logits", "--model", &t, "--ids", "1,2", "--out", "/dev/null"]);
+    assert!(e.contains("trunc.gguf") && e.contains("truncated"), "{e}");
+    let mut bad = bytes.clone();
+    bad[..4].copy_from_slice(b"GGJT");
+    let m = gs("magic.gguf", &bad);
+    let e = fails(&["logits", "--model", &m, "--ids", "1", "--out", "/dev/null"]);
+    assert!(e.contains("not a GGUF file"), "{e}");
+    let pos = bytes.windows(11).position(|w| w == b"kimi-linear").expect("arch string");
+    let mut arch = bytes.clone();
+    arch[pos..pos + 11].copy_from_slice(b"mamba-xyzzy");
+    let a = gs("arch.gguf", &arch);
+    let e = fails(&["logits", "--model", &a, "--ids", "1", "--out", "/dev/null"]);
+    assert!(e.contains("mamba-xyzzy") && e.contains("not supported"), "{e}");
+    let e = fails(&["logits", "--model", &g.to_string_lossy(), "--ids", "1,x", "--out", "/dev/null"]);
+    assert!(e.contains("`x` is not a token id"), "{e}");
+    let e = fails(&["logits", "--model", &g.to_string_lossy(), "--ids", "1,4000", "--out", "/dev/null"]);
+    assert!(e.contains("4000") && e.contains("vocab"), "{e}");
+    let e = fails(&[
+        "quantize",
+        "--model",
+        &golden("tiny_kimi_linear_dense").to_string_lossy(),
+        "--type",
+        "q3_k",
+        "--out",
+        "/dev/null",
+    ]);
+    assert!(e.contains("q3_k") && e.contains("allowed"), "{e}");
+    let e = fails(&["generate", "--model", &g.to_string_lossy(), "--prompt", "hi"]);
+    assert!(e.contains("no tokenizer"), "{e}");
+    let e = fails(&["logits", "--model", "/nonexistent/dir", "--ids", "1", "--out", "/dev/null"]);
+    assert!(e.contains("/nonexistent/dir"), "{e}");
+}

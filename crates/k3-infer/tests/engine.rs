@@ -1,0 +1,61 @@
+//! Engine behaviour: several interleaved sequences, context and vocabulary limits, state sizes.
+
+use std::path::{Path, PathBuf};
+
+use k3_infer::{Engine, Logits, Model};
+
+fn golden(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden").join(name)
+}
+
+#[test]
+fn interleaved_sequences_match_separate_runs() {
+    let (model, _) = Model::load(&golden("tiny_k3")).expect("load");
+    let a: Vec<u32> = (0..30).map(|i| (i * 7 + 3) % 250 + 3).collect();
+    let b: Vec<u32> = (0..30).map(|i| (i * 11 + 5) % 250 + 3).collect();
+    let alone = |ids: &[u32]| {
+        let mut st = model.new_state();
+        model.forward(ids, &mut st, Logits::All).expect("forward")
+    };
+    let (wa, wb) = (alone(&a), alone(&b));
+    let mut e = Engine::new(model);
+    let (sa, sb) = (e.add_sequence(), e.add_sequence());
+    let v = 256;
+    let mut got_a = e.feed(sa, &a[..10], Logits::All).expect("a");
+    let mut got_b = e.feed(sb, &b[..17], Logits::All).expect("b");
+    for &tok in &a[10..17] {
+        got_a.extend(e.step(&[(sa, tok)]).expect("step").remove(0));
+    }
+    for i in 17..30 {
+        let mut out = e.step(&[(sa, a[i]), (sb, b[i])]).expect("batch step");
+        got_b.extend(out.remove(1));
+        got_a.extend(out.remove(0));
+    }
+    for (name, got, want) in [("a", &got_a, &wa), ("b", &got_b, &wb)] {
+        let d = got.iter().zip(want.iter()).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+        assert!(d < 1e-4, "sequence {name}: {d:e}");
+        assert_eq!(got.len(), 30 * v);
+    }
+    assert_eq!(e.tokens(sa).expect("a").len(), 30);
+    // The KDA state is constant-size; the MLA cache grows with the sequence.
+    let before = e.state_bytes(sa).expect("bytes");
+    e.feed(sa, &[5, 6, 7], Logits::Last).expect("more");
+    let after = e.state_bytes(sa).expect("bytes");
+    assert_eq!(after - before, 3 * (32 + 8) * 4, "one MLA layer × 3 tokens × (R + Dr) f32");
+    e.remove_sequence(sb);
+    assert!(e.feed(sb, &[1], Logits::Last).is_err());
+    assert_eq!(e.live_sequences(), 1);
+}
+
+#[test]
+fn limits_are_clear_errors_and_leave_the_state_usable() {
+    let (mut model, _) = Model::load(&golden("tiny_kimi_linear_dense")).expect("load");
+    model.n_ctx = 16;
+    let mut st = model.new_state();
+    let e = model.forward(&[3; 17], &mut st, Logits::Last).expect_err("too long").to_string();
+    assert!(e.contains("17 tokens") && e.contains("context of 16"), "{e}");
+    let e = model.forward(&[3, 999], &mut st, Logits::Last).expect_err("oov").to_string();
+    assert!(e.contains("999") && e.contains("vocab_size 256"), "{e}");
+    assert_eq!(st.pos, 0);
+    model.forward(&[3; 16], &mut st, Logits::Last).expect("fits exactly");
+}
