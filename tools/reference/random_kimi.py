@@ -1,6 +1,6 @@
 """Make a random tiny kimi_linear checkpoint with transformers 5.24 and record its logits.
 
-    python random_kimi.py OUTDIR SEED {dense|moe} [--llama-cpp] [--scale S] [--head-scale H]
+    python random_kimi.py OUTDIR SEED {dense|moe} [--llama-cpp] [--scale S] [--head-scale H] [--bf16]
 
 Dimensions, layer pattern, MoE routing (including group-limited routing), q LoRA and attention
 biases are drawn from SEED, so each seed is a model the Rust side has never seen. Writes
@@ -11,7 +11,8 @@ OUTDIR/model (config.json + model.safetensors, saved by save_pretrained) and OUT
 biases, dense layers as a prefix, one expert group, head dims multiple of 32); --scale multiplies
 the random weights (1.0 = O(1) activations, which amplify every rounding difference); --head-scale
 multiplies lm_head, giving the peaked next-token distributions of a trained model instead of the
-near-ties of a random one.
+near-ties of a random one; --bf16 saves the weights in bfloat16 (the logits are those of the
+bf16-rounded weights, computed in fp32).
 """
 import math
 import os
@@ -86,7 +87,14 @@ with torch.no_grad():  # O(1) weights so that any mistake shows in the logits
     for name, b in model.named_buffers():
         if "e_score_correction_bias" in name:
             b.copy_(0.1 * torch.randn(b.shape, generator=gen))
-model.save_pretrained(os.path.join(out, "model"))
+if "--bf16" in sys.argv:
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    model.to(torch.bfloat16).save_pretrained(os.path.join(out, "model"))
+    model.float()
+else:
+    model.save_pretrained(os.path.join(out, "model"))
 ids = torch.randint(3, cfg.vocab_size, (1, rng.randint(20, 140)), generator=gen)
 with torch.no_grad():
     logits = model(ids, use_cache=False).logits[0]

@@ -245,3 +245,56 @@ fn tiny_k3_loads_in_llama_cpp_kimi_k3() {
     );
     assert!(diff <= 1e-2, "tiny_k3: max |k3mini − llama.cpp| = {diff:e}");
 }
+
+/// llama.cpp's converter (from the same sdist, unpacked by scripts/setup-llama-cpp).
+fn converter() -> Option<PathBuf> {
+    let home = std::env::var_os("K3MINI_HOME")?;
+    let d = PathBuf::from(home).join("llama.cpp-0.3.36");
+    if d.join("convert_hf_to_gguf.py").exists() {
+        Some(d)
+    } else {
+        eprintln!("skipped: llama.cpp's converter is not unpacked; run scripts/setup-llama-cpp");
+        None
+    }
+}
+
+/// GGUFs written by llama.cpp's own converter (`kimi-linear` from a Moonshot-form checkpoint of a
+/// random transformers model, `kimi-k3` from the K3 fixture) load in our engine and reproduce the
+/// references: transformers' logits within 1e-4, the K3 f64 reference as the safetensors do.
+#[test]
+fn gguf_from_llama_cpp_converter_loads() {
+    let (Some(py), Some(conv)) = (llama_python(), converter()) else { return };
+    let d = scratch("conv");
+    let seed = (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs() % 100_000)
+        .to_string();
+    let msg = run(Command::new(&py).arg(tool("random_kimi.py")).arg(&d).args([seed.as_str(), "moe", "--llama-cpp"]));
+    // llama.cpp's converter needs Moonshot's fields (linear_attn_config, first_k_dense_replace),
+    // which transformers' save_pretrained drops: re-save as a K3-Mini checkpoint first.
+    let src = k3_format::Checkpoint::open(&d.join("model")).expect("open");
+    let tensors = src.read_all().expect("read").into_iter().map(|(s, v)| (s.name, v)).collect();
+    k3_format::save_checkpoint(&d.join("moonshot"), &src.config, tensors).expect("save");
+    let cases = [
+        (d.join("moonshot"), d.join("io.safetensors"), 1e-4f32),
+        (golden("tiny_k3"), golden("tiny_k3_io.safetensors"), 5e-4),
+    ];
+    for (model, io, tol) in cases {
+        let g = d.join("converted.gguf");
+        let conv_dir = conv.to_str().expect("utf8");
+        run(Command::new(&py).arg(tool("llama_cpp_convert.py")).args([
+            conv_dir,
+            model.to_str().expect("utf8"),
+            g.to_str().expect("utf8"),
+            "f32",
+        ]));
+        let (shape, ids) = read(&io, "input_ids");
+        let t = *shape.last().expect("T");
+        let ids: Vec<u32> = ids[..t].iter().map(|&x| x as u32).collect();
+        let out = d.join("ours.safetensors");
+        run(k3mini().args(["logits", "--exact", "--model"]).arg(&g).args(["--ids", &ids_arg(&ids), "--out"]).arg(&out));
+        let ours = read(&out, "logits").1;
+        let want = read(&io, "logits").1;
+        let diff = max_abs(&ours, &want[..ours.len()]);
+        eprintln!("{}: llama.cpp-converted GGUF vs reference: {diff:e}", model.display());
+        assert!(diff <= tol, "{msg} {}: max |Δ| {diff:e} > {tol}", model.display());
+    }
+}
