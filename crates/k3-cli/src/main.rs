@@ -73,6 +73,9 @@ enum Cmd {
     },
     /// Generate text from a prompt, streaming it to stdout (pure-Rust engine).
     Generate(native::GenerateArgs),
+    /// Training data: build a tokenized dataset from offline sources.
+    #[command(subcommand)]
+    Data(DataCmd),
     /// Write a GGUF (f32, f16, q8_0, q4_0, q4_1) that llama.cpp and `k3mini` load.
     Quantize {
         /// A checkpoint directory (config.json + safetensors, optionally tokenizer.json), or a
@@ -83,6 +86,24 @@ enum Cmd {
         ty: String,
         #[arg(long)]
         out: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum DataCmd {
+    /// Collect, deduplicate, split (by document) and tokenize sources into memory-mapped shards.
+    Build {
+        /// stdlib | english | pip:NAME==VERSION | dir:PATH (repeatable).
+        #[arg(long = "source", required = true)]
+        sources: Vec<String>,
+        /// bpe:N (train a byte-level BPE of N tokens) | tokenizer.json | model.gguf (its vocabulary).
+        #[arg(long)]
+        tokenizer: String,
+        #[arg(long)]
+        out: PathBuf,
+        /// Documents per 1000 (by content hash) that go to validation.
+        #[arg(long, default_value_t = 50)]
+        val_permille: u32,
     },
 }
 
@@ -128,6 +149,9 @@ fn run() -> Result<()> {
         #[cfg(feature = "train")]
         Cmd::Logits { model, ids, out, engine, threads, .. } => torch_cmds::logits(&model, &parse_ids(&ids)?, &out, &engine, threads),
         Cmd::Generate(args) => native::generate(&args),
+        Cmd::Data(DataCmd::Build { sources, tokenizer, out, val_permille }) => {
+            data_build(sources, tokenizer, out, val_permille)
+        }
         Cmd::Quantize { model, ty, out } => native::quantize(&model, &ty, &out),
         #[cfg(not(feature = "train"))]
         Cmd::Logits { engine, .. } => bail!(
@@ -139,4 +163,34 @@ fn run() -> Result<()> {
              or build with `cargo build -p k3-cli --features train` inside the project venv (see README)"
         ),
     }
+}
+
+fn cache_dir() -> PathBuf {
+    let home = std::env::var_os("K3MINI_HOME").map(PathBuf::from).unwrap_or_else(|| {
+        let base = std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache"));
+        base.join("k3mini")
+    });
+    home.join("corpus")
+}
+
+fn data_build(sources: Vec<String>, tokenizer: String, out: PathBuf, val_permille: u32) -> Result<()> {
+    let t0 = std::time::Instant::now();
+    let opts =
+        k3_data::dataset::BuildOptions { sources, tokenizer, out: out.clone(), val_permille, cache: cache_dir() };
+    let m = k3_data::dataset::build(&opts).with_context(|| format!("building the dataset in {}", out.display()))?;
+    println!(
+        "documents  {} train + {} val ({} duplicates dropped; skipped: {} binary, {} invalid UTF-8, {} too large)",
+        m.train_docs, m.val_docs, m.duplicates, m.skipped_binary, m.skipped_invalid_utf8, m.skipped_too_large
+    );
+    println!("bytes      {} train + {} val", m.train_bytes, m.val_bytes);
+    println!(
+        "tokens     {} train + {} val (vocab {}, separator id {})",
+        m.train_tokens, m.val_tokens, m.vocab_size, m.separator
+    );
+    println!("bytes/tok  {:.3}", m.bytes_per_token());
+    println!("tokenizer  sha256 {}", m.tokenizer_hash);
+    println!("wrote {} in {:.1}s", out.display(), t0.elapsed().as_secs_f64());
+    Ok(())
 }

@@ -164,6 +164,11 @@ impl Tokenizer {
         self.inner.decode(ids, false).map_err(terr)
     }
 
+    /// The underlying `tokenizers` tokenizer.
+    pub fn into_inner(self) -> tokenizers::Tokenizer {
+        self.inner
+    }
+
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }
