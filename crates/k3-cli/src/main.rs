@@ -4,6 +4,8 @@
 //! `generate`, `quantize`. With the `train` feature (libtorch through tch): `init`,
 //! `logits --engine torch`.
 
+#[cfg(feature = "train")]
+mod bench_train;
 mod info;
 mod native;
 #[cfg(feature = "train")]
@@ -71,6 +73,33 @@ enum Cmd {
         #[arg(long)]
         exact: bool,
     },
+    /// Train a model on a dataset (needs the `train` feature): `--config FILE --out RUN`.
+    Train(TrainArgs),
+    /// Validation loss and perplexity of a checkpoint on a dataset, at one or more context lengths.
+    Eval {
+        #[arg(long)]
+        model: PathBuf,
+        /// A dataset directory built by `k3mini data build` (its validation split is used).
+        #[arg(long)]
+        data: PathBuf,
+        /// Context lengths, comma-separated (e.g. 256,1024).
+        #[arg(long, default_value = "256")]
+        context: String,
+        /// Windows per context length.
+        #[arg(long, default_value_t = 32)]
+        windows: usize,
+        /// Windows per forward pass.
+        #[arg(long, default_value_t = 4)]
+        batch: usize,
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Also write the results as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// Benchmarks that print ratios against anchors measured in the same run.
+    #[command(subcommand)]
+    Bench(BenchCmd),
     /// Generate text from a prompt, streaming it to stdout (pure-Rust engine).
     Generate(native::GenerateArgs),
     /// Training data: build a tokenized dataset from offline sources.
@@ -87,6 +116,35 @@ enum Cmd {
         #[arg(long)]
         out: PathBuf,
     },
+}
+
+#[derive(clap::Args)]
+pub struct TrainArgs {
+    /// The training config (TOML); with --resume, defaults to RUN/train.toml.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// The run directory (metrics.jsonl, loss.png, checkpoints/).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Override a config field: --set optim.lr=1e-3 (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+    /// Continue from the newest checkpoint in --out, exactly where it stopped.
+    #[arg(long)]
+    pub resume: bool,
+    /// Stop (with a checkpoint) after this many optimiser steps in total; resume later.
+    #[arg(long)]
+    pub stop_at: Option<u64>,
+}
+
+#[derive(Subcommand)]
+enum BenchCmd {
+    /// Training-step speed: ours vs transformers' KimiLinear vs a PyTorch Llama (needs `train`).
+    #[cfg(feature = "train")]
+    Train(bench_train::BenchTrainArgs),
+    /// (built without the `train` feature: unavailable)
+    #[cfg(not(feature = "train"))]
+    Train,
 }
 
 #[derive(Subcommand)]
@@ -148,6 +206,16 @@ fn run() -> Result<()> {
         }
         #[cfg(feature = "train")]
         Cmd::Logits { model, ids, out, engine, threads, .. } => torch_cmds::logits(&model, &parse_ids(&ids)?, &out, &engine, threads),
+        #[cfg(feature = "train")]
+        Cmd::Train(args) => torch_cmds::train(&args),
+        #[cfg(feature = "train")]
+        Cmd::Eval { model, data, context, windows, batch, threads, json } => {
+            torch_cmds::eval(&model, &data, &context, windows, batch, threads, json.as_deref())
+        }
+        #[cfg(feature = "train")]
+        Cmd::Bench(BenchCmd::Train(a)) => bench_train::run(&a),
+        #[cfg(not(feature = "train"))]
+        Cmd::Bench(BenchCmd::Train) => bail!("bench train needs the `train` feature (libtorch)"),
         Cmd::Generate(args) => native::generate(&args),
         Cmd::Data(DataCmd::Build { sources, tokenizer, out, val_permille }) => {
             data_build(sources, tokenizer, out, val_permille)
@@ -158,7 +226,7 @@ fn run() -> Result<()> {
             "--engine `{engine}`: this k3mini was built without the `train` feature (libtorch); allowed here: native"
         ),
         #[cfg(not(feature = "train"))]
-        Cmd::Init { .. } => bail!(
+        Cmd::Init { .. } | Cmd::Train(_) | Cmd::Eval { .. } => bail!(
             "this k3mini was built without the `train` feature (libtorch); use the binary that scripts/quickstart builds, \
              or build with `cargo build -p k3-cli --features train` inside the project venv (see README)"
         ),

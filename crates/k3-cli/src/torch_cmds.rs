@@ -1,4 +1,4 @@
-//! Commands that run the tch (libtorch) model: `init`, `logits --engine torch`.
+//! Commands that run the tch (libtorch) model: `init`, `train`, `eval`, `logits --engine torch`.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -52,5 +52,78 @@ pub fn logits(model_dir: &Path, ids: &[i64], out: &Path, engine: &str, threads: 
         out.display(),
         top.join(", ")
     );
+    Ok(())
+}
+
+pub fn train(a: &crate::TrainArgs) -> Result<()> {
+    use k3_train::trainer::{self, config::TrainConfig};
+    let path = match (&a.config, a.resume) {
+        (Some(p), _) => p.clone(),
+        (None, true) => a.out.join("train.toml"),
+        (None, false) => {
+            bail!("give --config FILE (a training config, see docs/training.md), or --resume an existing --out")
+        }
+    };
+    let cfg = TrainConfig::load(&path, &a.set)?;
+    let opts = trainer::RunOptions { out: a.out.clone(), resume: a.resume, stop_at: a.stop_at };
+    let s = trainer::run(&cfg, &opts).with_context(|| format!("training in {}", a.out.display()))?;
+    let val = s.val.as_ref().map_or("n/a".to_string(), |v| format!("{:.4} (ppl {:.2})", v.loss, v.perplexity()));
+    println!(
+        "step {} ({:.2}M tokens): train loss {:.4}, validation loss {val}, {:.0} tokens/s; checkpoint {}",
+        s.step,
+        s.tokens as f64 / 1e6,
+        s.train_loss,
+        s.tokens_per_s,
+        s.checkpoint.display()
+    );
+    Ok(())
+}
+
+pub fn eval(
+    model_dir: &Path,
+    data: &Path,
+    contexts: &str,
+    windows: usize,
+    batch: usize,
+    threads: Option<usize>,
+    json: Option<&Path>,
+) -> Result<()> {
+    if let Some(n) = threads {
+        tch::set_num_threads(n as i32);
+    }
+    let ctx: Vec<usize> = contexts
+        .split(',')
+        .map(|c| c.trim().parse::<usize>().with_context(|| format!("--context: `{c}` is not a length")))
+        .collect::<Result<_>>()?;
+    let (model, _) = Model::load(model_dir, Device::Cpu).with_context(|| format!("loading {}", model_dir.display()))?;
+    let ds = k3_data::dataset::Dataset::open(data)?;
+    if model.config.vocab_size() < ds.meta.vocab_size {
+        bail!(
+            "{}: vocab_size {} < the dataset's {}; wrong dataset?",
+            model_dir.display(),
+            model.config.vocab_size(),
+            ds.meta.vocab_size
+        );
+    }
+    let mut results = Vec::new();
+    for c in ctx {
+        let r = k3_train::trainer::eval::evaluate(&model, &ds.val, c, windows, batch)?;
+        println!(
+            "context {:>6}: loss {:.4}  ppl {:8.2}  ({} windows)  by quarter: {:.3} {:.3} {:.3} {:.3}",
+            c,
+            r.loss,
+            r.perplexity(),
+            r.windows,
+            r.by_quarter[0],
+            r.by_quarter[1],
+            r.by_quarter[2],
+            r.by_quarter[3]
+        );
+        results.push(r);
+    }
+    if let Some(p) = json {
+        let text = serde_json::to_string_pretty(&results)?;
+        k3_format::safetensors_io::write_atomic(p, text.as_bytes())?;
+    }
     Ok(())
 }

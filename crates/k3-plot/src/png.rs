@@ -1,4 +1,4 @@
-//! A minimal PNG writer: 8-bit RGB, filter 0, zlib with stored (uncompressed) deflate blocks.
+//! A minimal PNG writer: 8-bit RGB, filter 0, zlib-deflated (miniz_oxide).
 
 fn crc32(data: &[u8]) -> u32 {
     let mut table = [0u32; 256];
@@ -14,15 +14,6 @@ fn crc32(data: &[u8]) -> u32 {
         c = table[((c ^ b as u32) & 0xFF) as usize] ^ (c >> 8);
     }
     c ^ 0xFFFF_FFFF
-}
-
-fn adler32(data: &[u8]) -> u32 {
-    let (mut a, mut b) = (1u32, 0u32);
-    for &x in data {
-        a = (a + x as u32) % 65521;
-        b = (b + a) % 65521;
-    }
-    (b << 16) | a
 }
 
 fn chunk(out: &mut Vec<u8>, kind: &[u8; 4], data: &[u8]) {
@@ -41,15 +32,7 @@ pub fn encode_rgb(w: usize, h: usize, rgb: &[u8]) -> Vec<u8> {
         raw.push(0); // filter: none
         raw.extend_from_slice(row);
     }
-    let mut z = vec![0x78, 0x01];
-    let blocks: Vec<&[u8]> = raw.chunks(65535).collect();
-    for (i, b) in blocks.iter().enumerate() {
-        z.push(u8::from(i + 1 == blocks.len()));
-        z.extend_from_slice(&(b.len() as u16).to_le_bytes());
-        z.extend_from_slice(&(!(b.len() as u16)).to_le_bytes());
-        z.extend_from_slice(b);
-    }
-    z.extend_from_slice(&adler32(&raw).to_be_bytes());
+    let z = miniz_oxide::deflate::compress_to_vec_zlib(&raw, 6);
     let mut out = b"\x89PNG\r\n\x1a\n".to_vec();
     let mut ihdr = Vec::new();
     ihdr.extend_from_slice(&(w as u32).to_be_bytes());

@@ -146,18 +146,24 @@ impl Kda {
         let w = h * kd;
         let kc = self.q_conv.size()[2];
 
-        // Short convolution over [q | k | v] with the cached pre-conv tail (or zeros).
-        let qkv = Tensor::cat(&[self.q.forward(x), self.k.forward(x), self.v.forward(x)], -1).transpose(1, 2); // [B,3W,T]
+        // Short causal depthwise convolution over [q | k | v] with the cached pre-conv tail (or
+        // zeros): y[t] = SiLU(Σ_i w[i] ⊙ x[t − (Kc−1) + i]), as Kc shifted multiply-adds in
+        // [B,T,3W] layout (cheaper than conv1d and its transposes, forward and backward).
+        let qkv = Tensor::cat(&[self.q.forward(x), self.k.forward(x), self.v.forward(x)], -1); // [B,T,3W]
         let tail = match state.as_deref() {
-            Some(st) => st.conv.shallow_clone(),
-            None => Tensor::zeros([b, 3 * w, kc - 1], (qkv.kind(), qkv.device())),
+            Some(st) => st.conv.transpose(1, 2), // [B,Kc−1,3W]
+            None => Tensor::zeros([b, kc - 1, 3 * w], (qkv.kind(), qkv.device())),
         };
-        let xin = Tensor::cat(&[tail, qkv], 2); // [B,3W,T+Kc−1]
+        let xin = Tensor::cat(&[tail, qkv], 1); // [B,T+Kc−1,3W]
         if let Some(st) = state.as_deref_mut() {
-            st.conv = xin.narrow(2, t, kc - 1).contiguous();
+            st.conv = xin.narrow(1, t, kc - 1).transpose(1, 2).contiguous();
         }
-        let kernel = Tensor::cat(&[&self.q_conv, &self.k_conv, &self.v_conv], 0); // [3W,1,Kc]
-        let y = xin.conv1d(&kernel, None::<Tensor>, [1], [0], [1], 3 * w).silu().transpose(1, 2); // [B,T,3W]
+        let kernel = Tensor::cat(&[&self.q_conv, &self.k_conv, &self.v_conv], 0).squeeze_dim(1).transpose(0, 1); // [Kc,3W]
+        let mut y = xin.narrow(1, 0, t) * kernel.get(0);
+        for i in 1..kc {
+            y = y + xin.narrow(1, i, t) * kernel.get(i);
+        }
+        let y = y.silu(); // [B,T,3W]
         let parts = y.split(w, -1);
         let q = l2norm(&parts[0].reshape([b, t, h, kd]), 1e-6); // [B,T,H,K]
         let k = l2norm(&parts[1].reshape([b, t, h, kd]), 1e-6);

@@ -14,6 +14,10 @@ use tch::{Kind, Tensor};
 /// Size of the sub-blocks used to keep every exponent ≤ 0 inside a chunk.
 const SUB: i64 = 16;
 
+/// Largest total log-decay (nats) of a block for which the factored form is used: each factor's
+/// exponent is at most about half of it, inside f32's ±87 with room for |x|, |y| and the sum.
+const SAFE_SPAN: f64 = 120.0;
+
 /// The token-recurrent reference. Returns (o [B,T,H,V], final state [B,H,K,V]).
 ///
 /// ```text
@@ -60,23 +64,51 @@ pub fn kda_step(q: &Tensor, k: &Tensor, v: &Tensor, g: &Tensor, beta: &Tensor, s
     (o.squeeze_dim(1), s)
 }
 
+/// `Σ_d x_c[d] · y_j[d] · exp(G_c[d] − G_j[d])` for all c, j of a block, factored through the
+/// block's middle row m as one matmul: `(x ⊙ e^{G−G_m}) (y ⊙ e^{G_m−G})ᵀ`, then masked to the
+/// lower triangle `tri`. Each exponent is bounded by the block's total decay; entries above the
+/// diagonal may overflow and are replaced (not multiplied) by 0, so no NaN reaches the gradient.
+///
+/// # Shapes
+/// x, y, g: [..., n, K], tri: [n, n] bool → [..., n, n]
+fn factored(x: &Tensor, y: &Tensor, g: &Tensor, tri: &Tensor) -> Tensor {
+    let n = g.size()[g.dim() - 2];
+    let gm = g.select(-2, n / 2).unsqueeze(-2); // [..., 1, K]
+    let a = (x * (g - &gm).exp()).matmul(&(y * (gm - g).exp()).transpose(-1, -2));
+    a.masked_fill(&tri.logical_not(), 0.0)
+}
+
+/// The largest total decay `G_first − G_last` (nats) of any block along dim −2, over all channels.
+fn max_span(g: &Tensor) -> f64 {
+    let n = g.size()[g.dim() - 2];
+    (g.select(-2, 0) - g.select(-2, n - 1)).max().double_value(&[])
+}
+
 /// Intra-chunk pair products `A[c, j] = Σ_d x_c[d] · y_j[d] · exp(G_c[d] − G_j[d])` for j < c
 /// (or j ≤ c when `inclusive`), 0 elsewhere.
 ///
-/// exp is only ever taken of non-positive numbers: the diagonal s×s blocks use the direct
-/// difference, the blocks below them factor through the first row r of the row's sub-block,
-/// `exp(G_c − G_r) · exp(G_r − G_j)`, both ≤ 1 because G is non-increasing.
+/// Three exact forms, the fastest whose exponents stay in f32 range (a product of two f32
+/// factors is as exact as the direct exponential while neither over- nor underflows):
+/// 1. the whole chunk [`factored`] in one matmul, when the chunk's decay is under `SAFE_SPAN`;
+/// 2. else s×s sub-blocks: below the diagonal blocks, factor through the first row r of the row's
+///    sub-block, `exp(G_c − G_r) · exp(G_r − G_j)`, both ≤ 1; the diagonal blocks [`factored`]
+///    when their decay is under `SAFE_SPAN`,
+/// 3. else direct differences under a triangular mask (exact for any decay, ~10× slower).
 ///
 /// # Shapes
 /// x, y, gc: [B,H,N,C,K] (gc = within-chunk cumulative g) → [B,H,N,C,C]
-fn intra_chunk(x: &Tensor, y: &Tensor, gc: &Tensor, inclusive: bool) -> Tensor {
+pub fn intra_chunk(x: &Tensor, y: &Tensor, gc: &Tensor, inclusive: bool) -> Tensor {
     let sz = x.size();
     let (c, kd) = (sz[3], sz[4]);
-    // Sub-blocking only saves memory (the direct masked form is exact too), so any chunk works.
+    let opts = (Kind::Bool, x.device());
+    let tri = |n: i64| Tensor::ones([n, n], opts).tril(if inclusive { 0 } else { -1 });
+    if max_span(gc) < SAFE_SPAN {
+        return factored(x, y, gc, &tri(c));
+    }
+    // Sub-blocking only bounds exponents (the direct masked form is exact too), so any chunk works.
     let s = if c % SUB == 0 { SUB } else { c };
     let nsub = c / s;
     let lead = &sz[..3];
-    let opts = (Kind::Bool, x.device());
     let blk = |t: &Tensor| t.reshape([lead, &[nsub, s, kd]].concat()); // [B,H,N,S,s,K]
 
     // Off-diagonal blocks: rows of sub-block a against every column j < a·s.
@@ -91,12 +123,15 @@ fn intra_chunk(x: &Tensor, y: &Tensor, gc: &Tensor, inclusive: bool) -> Tensor {
     let off = x_left.matmul(&y_right.transpose(-1, -2)); // [B,H,N,S,s,C]
     let off = off.reshape([lead, &[c, c]].concat());
 
-    // Diagonal blocks, direct differences under a triangular mask.
-    let gs = blk(gc);
-    let d = gs.unsqueeze(-2) - gs.unsqueeze(-3); // [B,H,N,S,s(c),s(j),K] = G_c − G_j
-    let tri = Tensor::ones([s, s], opts).tril(if inclusive { 0 } else { -1 }); // [s, s]
-    let d = d.masked_fill(&tri.logical_not().unsqueeze(-1), f64::NEG_INFINITY);
-    let diag = (blk(x).unsqueeze(-2) * blk(y).unsqueeze(-3) * d.exp()).sum_dim_intlist(-1, false, None); // [..,S,s,s]
+    // Diagonal blocks.
+    let gs = blk(gc); // [B,H,N,S,s,K]
+    let diag = if max_span(&gs) < SAFE_SPAN {
+        factored(&blk(x), &blk(y), &gs, &tri(s))
+    } else {
+        let d = gs.unsqueeze(-2) - gs.unsqueeze(-3); // [B,H,N,S,s(c),s(j),K] = G_c − G_j
+        let d = d.masked_fill(&tri(s).logical_not().unsqueeze(-1), f64::NEG_INFINITY);
+        (blk(x).unsqueeze(-2) * blk(y).unsqueeze(-3) * d.exp()).sum_dim_intlist(-1, false, None)
+    }; // [B,H,N,S,s,s]
     let eye = Tensor::eye(nsub, (x.kind(), x.device())).view([nsub, 1, nsub, 1]);
     let blockdiag = diag.unsqueeze(-2) * eye; // [B,H,N,S,s,S,s]
     off + blockdiag.reshape([lead, &[c, c]].concat())
@@ -135,29 +170,34 @@ pub fn kda_chunk(
 
     // 1. Intra-chunk, batched over all chunks: L (strictly lower) and the (I + L)⁻¹ transforms.
     let l = intra_chunk(&(&k * &beta), &k, &gc, false); // L[c,i] = β_c Σ k_c k_i e^{G_c−G_i}
-    let solve = |rhs: &Tensor| l.linalg_solve_triangular(rhs, false, true, true); // (I + L)⁻¹ rhs
-    let u = solve(&(&v * &beta)); // U = T (β ⊙ V)          [B,H,N,C,V]
-    let w = solve(&(&k * &beta * gc.exp())); // W = T (β ⊙ K ⊙ e^G)  [B,H,N,C,K]
+    let e_g = gc.exp(); // [B,H,N,C,K], ≤ 1
+                        // U = T (β ⊙ V) and W = T (β ⊙ K ⊙ e^G), T = (I + L)⁻¹, in one triangular solve.
+    let uw = l.linalg_solve_triangular(&Tensor::cat(&[&v * &beta, &k * &beta * &e_g], -1), false, true, true);
+    let (u, w) = (uw.narrow(-1, 0, vd), uw.narrow(-1, vd, kd)); // [B,H,N,C,V], [B,H,N,C,K]
     let a_qk = intra_chunk(&q, &k, &gc, true); // [B,H,N,C,C], diagonal kept
-    let q_decayed = &q * gc.exp(); // [B,H,N,C,K]
+    let g_last = gc.select(3, chunk - 1); // [B,H,N,K]
+    let k_decay = &k * (g_last.unsqueeze(3) - &gc).exp(); // e^{G_last − G} ≤ 1   [B,H,N,C,K]
+    let k_decay_t = k_decay.transpose(-1, -2); // [B,H,N,K,C]
+    let state_decay = g_last.exp().unsqueeze(-1); // [B,H,N,K,1]
 
-    // 2. Sequential hand-off of the state between chunks.
+    // 2. Sequential hand-off of the state between chunks (Eq. 8); only matmuls inside.
     let mut s = match s0 {
         Some(s) => s.shallow_clone(),
         None => Tensor::zeros([b, h, kd, vd], (q.kind(), q.device())),
     };
-    let mut outs = Vec::with_capacity(n as usize);
+    let (mut states, mut v_news) = (Vec::with_capacity(n as usize), Vec::with_capacity(n as usize));
     for i in 0..n {
-        let gi = gc.select(2, i); // [B,H,C,K]
-        let ki = k.select(2, i);
         let v_new = u.select(2, i) - w.select(2, i).matmul(&s); // pseudo-values V' = U − W S   [B,H,C,V]
-        outs.push(q_decayed.select(2, i).matmul(&s) + a_qk.select(2, i).matmul(&v_new)); // Eq. 9
-        let g_last = gi.select(2, chunk - 1); // [B,H,K]
-        let k_decay = ki * (g_last.unsqueeze(2) - &gi).exp(); // e^{G_last − G} ≤ 1
-        s = s * g_last.exp().unsqueeze(-1) + k_decay.transpose(-1, -2).matmul(&v_new);
-        // Eq. 8
+        states.push(s.shallow_clone());
+        s = &s * state_decay.select(2, i) + k_decay_t.select(2, i).matmul(&v_new);
+        v_news.push(v_new);
     }
-    let o = Tensor::stack(&outs, 2).reshape([b, h, n * chunk, vd]).narrow(2, 0, t); // [B,H,T,V]
+
+    // 3. Outputs of all chunks at once (Eq. 9): o = (q ⊙ e^G) S_before + A_qk V'.
+    let s_before = Tensor::stack(&states, 2); // [B,H,N,K,V]
+    let v_new = Tensor::stack(&v_news, 2); // [B,H,N,C,V]
+    let o = (&q * &e_g).matmul(&s_before) + a_qk.matmul(&v_new); // [B,H,N,C,V]
+    let o = o.reshape([b, h, n * chunk, vd]).narrow(2, 0, t); // [B,H,T,V]
     (o.transpose(1, 2).contiguous(), s)
 }
 
@@ -205,6 +245,17 @@ mod tests {
     }
 
     #[test]
+    fn chunk_direct_fallback_handles_near_total_forgetting() {
+        // −12 per token: a 16-token sub-block spans 192 nats, beyond the factorised form's range.
+        let [q, k, v, _, beta, s0] = inputs(1, 80, 2, 16, 16, Kind::Float, 8);
+        let g = Tensor::full([1, 80, 2, 16], -12.0, (Kind::Float, Device::Cpu));
+        let (o_r, s_r) = kda_recurrent(&q, &k, &v, &g, &beta, Some(&s0));
+        let (o_c, s_c) = kda_chunk(&q, &k, &v, &g, &beta, Some(&s0), 64);
+        assert!(bool::try_from(o_c.isfinite().all()).expect("bool"));
+        assert!(max_abs(&o_r, &o_c) < 1e-5 && max_abs(&s_r, &s_c) < 1e-5);
+    }
+
+    #[test]
     fn steps_match_recurrent() {
         let [q, k, v, g, beta, s0] = inputs(2, 9, 2, 8, 8, Kind::Double, 3);
         let (o_r, s_r) = kda_recurrent(&q, &k, &v, &g, &beta, Some(&s0));
@@ -222,7 +273,16 @@ mod tests {
     /// differences of the recurrent form, for every input including the gate and the initial state.
     #[test]
     fn chunk_gradients_match_finite_differences_of_recurrent() {
+        // (chunk, decay scale): the whole-chunk factored form, the sub-block form with factored
+        // diagonal blocks, and the direct diagonal form.
+        for (chunk, scale) in [(8, 1.0), (32, 12.0), (32, 24.0)] {
+            gradients_match_fd(chunk, scale);
+        }
+    }
+
+    fn gradients_match_fd(chunk: i64, scale: f64) {
         let [q, k, v, g, beta, s0] = inputs(1, 21, 2, 4, 3, Kind::Double, 11);
+        let g = g * scale;
         let w_o = Tensor::randn([1, 21, 2, 3], (Kind::Double, Device::Cpu));
         let w_s = Tensor::randn([1, 2, 4, 3], (Kind::Double, Device::Cpu));
         let loss_rec = |x: &[Tensor; 6]| {
@@ -230,7 +290,7 @@ mod tests {
             ((o * &w_o).sum(Kind::Double) + (s * &w_s).sum(Kind::Double)).double_value(&[])
         };
         let vars: [Tensor; 6] = [q, k, v, g, beta, s0].map(|t| t.set_requires_grad(true));
-        let (o, s) = kda_chunk(&vars[0], &vars[1], &vars[2], &vars[3], &vars[4], Some(&vars[5]), 8);
+        let (o, s) = kda_chunk(&vars[0], &vars[1], &vars[2], &vars[3], &vars[4], Some(&vars[5]), chunk);
         let loss = (o * &w_o).sum(Kind::Double) + (s * &w_s).sum(Kind::Double);
         let grads = Tensor::run_backward(&[loss], &vars, false, false);
         let base: [Tensor; 6] = vars.each_ref().map(|t| t.detach().copy());
@@ -246,7 +306,10 @@ mod tests {
                 };
                 let fd = (bump(eps) - bump(-eps)) / (2.0 * eps);
                 let ad = grad.reshape([-1]).double_value(&[idx]);
-                assert!((fd - ad).abs() < 1e-6 * (1.0 + fd.abs()), "input {vi} elem {idx}: fd {fd} vs autograd {ad}");
+                assert!(
+                    (fd - ad).abs() < 1e-6 * (1.0 + fd.abs()),
+                    "chunk {chunk} decay x{scale}: input {vi} elem {idx}: fd {fd} vs autograd {ad}"
+                );
             }
         }
     }

@@ -20,6 +20,7 @@ pub mod model;
 pub mod moe;
 pub mod nn;
 pub mod residual;
+pub mod trainer;
 
 pub use kimi::Output;
 pub use model::{Model, Net, NetState};
