@@ -8,6 +8,7 @@
 mod bench_train;
 mod info;
 mod native;
+mod plot;
 #[cfg(feature = "train")]
 mod torch_cmds;
 
@@ -97,6 +98,8 @@ enum Cmd {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// Draw one metric of several training runs against tokens, as a PNG.
+    Plot(plot::PlotArgs),
     /// Benchmarks that print ratios against anchors measured in the same run.
     #[command(subcommand)]
     Bench(BenchCmd),
@@ -216,6 +219,7 @@ fn run() -> Result<()> {
         Cmd::Bench(BenchCmd::Train(a)) => bench_train::run(&a),
         #[cfg(not(feature = "train"))]
         Cmd::Bench(BenchCmd::Train) => bail!("bench train needs the `train` feature (libtorch)"),
+        Cmd::Plot(a) => plot::run(&a),
         Cmd::Generate(args) => native::generate(&args),
         Cmd::Data(DataCmd::Build { sources, tokenizer, out, val_permille }) => {
             data_build(sources, tokenizer, out, val_permille)

@@ -1,7 +1,11 @@
-//! Weight matrices in any ggml storage type, with reference matmuls that dequantize one row at
-//! a time (the speed issue adds integer dot products beside these).
+//! Weight matrices in any ggml storage type. Q4_0 / Q4_1 / Q8_0 matrices are repacked at load for
+//! the integer kernels of `k3_kernels::qgemm` (AVX-512 VNNI / AVX2 / scalar); the other types
+//! (f32, f16, bf16) and the `exact` reference mode dequantize one row at a time.
 //! A [`Matrix`] is `[rows = out, cols = in]`, row-major, the HF layout (= ggml `ne = [in, out]`).
 
+use std::sync::Arc;
+
+use k3_kernels::qgemm::{gemm_rows, Isa, Packed, QActs};
 use k3_kernels::quant::GgmlType;
 
 use crate::threads::par_chunks;
@@ -11,15 +15,26 @@ pub struct Matrix {
     pub rows: usize,
     pub cols: usize,
     pub ty: GgmlType,
-    /// Raw rows in `ty`'s encoding, `rows × ty.row_bytes(cols)` bytes.
+    /// Raw rows in `ty`'s encoding, `rows × ty.row_bytes(cols)` bytes; empty once `packed`.
     pub data: Vec<u8>,
+    /// The integer kernels' layout of a Q4_0 / Q4_1 / Q8_0 matrix (then the only copy).
+    pub packed: Option<Arc<Packed>>,
 }
 
 impl Matrix {
+    /// A matrix from raw ggml rows, repacked for the integer kernels when its type has them.
+    pub fn new(rows: usize, cols: usize, ty: GgmlType, data: Vec<u8>) -> Self {
+        debug_assert_eq!(data.len(), rows * ty.row_bytes(cols));
+        match Packed::pack(ty, rows, cols, &data) {
+            Some(p) => Self { rows, cols, ty, data: Vec::new(), packed: Some(Arc::new(p)) },
+            None => Self { rows, cols, ty, data, packed: None },
+        }
+    }
+
     /// An f32 matrix from values in row-major order.
     pub fn from_f32(rows: usize, cols: usize, v: &[f32]) -> Self {
         debug_assert_eq!(v.len(), rows * cols);
-        Self { rows, cols, ty: GgmlType::F32, data: GgmlType::F32.quantize_row(v) }
+        Self { rows, cols, ty: GgmlType::F32, data: GgmlType::F32.quantize_row(v), packed: None }
     }
 
     pub fn row_bytes(&self) -> usize {
@@ -33,28 +48,64 @@ impl Matrix {
 
     /// Dequantize row `r` into `out` [cols].
     pub fn row_into(&self, r: usize, out: &mut [f32]) {
-        self.ty.dequantize_row(self.row_raw(r), out);
+        match &self.packed {
+            Some(p) => p.dequant_row(r, out),
+            None => self.ty.dequantize_row(self.row_raw(r), out),
+        }
     }
 
     /// Rows `start..start+n` as a new matrix (e.g. one head's block of an absorbed MLA matrix).
     pub fn slice_rows(&self, start: usize, n: usize) -> Matrix {
-        let b = self.row_bytes();
-        Matrix { rows: n, cols: self.cols, ty: self.ty, data: self.data[start * b..(start + n) * b].to_vec() }
+        self.permute_rows(&(start..start + n).collect::<Vec<_>>())
     }
 
-    /// Reorder rows: `out[i] = self[perm[i]]` (Llama's Q/K un-permutation).
+    /// Select rows: `out[i] = self[perm[i]]` (Llama's Q/K un-permutation, head slices).
     pub fn permute_rows(&self, perm: &[usize]) -> Matrix {
+        if let Some(p) = &self.packed {
+            return Matrix {
+                rows: perm.len(),
+                cols: self.cols,
+                ty: self.ty,
+                data: Vec::new(),
+                packed: Some(Arc::new(p.select_rows(perm))),
+            };
+        }
         let b = self.row_bytes();
-        let mut data = Vec::with_capacity(self.data.len());
+        let mut data = Vec::with_capacity(perm.len() * b);
         for &p in perm {
             data.extend_from_slice(&self.data[p * b..(p + 1) * b]);
         }
-        Matrix { rows: self.rows, cols: self.cols, ty: self.ty, data }
+        Matrix { rows: perm.len(), cols: self.cols, ty: self.ty, data, packed: None }
     }
 
     /// Bytes of weight data (for bandwidth figures).
     pub fn nbytes(&self) -> usize {
-        self.data.len()
+        self.packed.as_ref().map_or(self.data.len(), |p| p.nbytes())
+    }
+
+    /// The integer-kernel path: activations quantized once, row bands on the pool.
+    fn matmul_packed(&self, p: &Packed, x: &[f32], t: usize, y: &mut [f32], threads: usize) {
+        let rows = self.rows;
+        let acts = QActs::quantize(x, t, self.cols);
+        let isa = Isa::best();
+        let work = rows * self.cols * t;
+        let threads = if work < 1 << 15 { 1 } else { threads.max(1) };
+        // Bands of whole 4-row tiles, a few per thread so uneven cores still balance.
+        let tasks = if threads == 1 { 1 } else { (threads * 4).min(rows.div_ceil(4)) };
+        let per = rows.div_ceil(tasks).next_multiple_of(4).min(rows.max(1));
+        let n_tasks = rows.div_ceil(per);
+        let out = SyncPtr(y.as_mut_ptr());
+        crate::threads::Pool::global().run(threads, n_tasks, &|i| {
+            let (lo, hi) = (i * per, ((i + 1) * per).min(rows));
+            let mut band = vec![0f32; (hi - lo) * t];
+            gemm_rows(isa, p, &acts, lo, hi, &mut band);
+            for o in lo..hi {
+                for r in 0..t {
+                    // SAFETY: task i alone writes columns lo..hi of every output row.
+                    unsafe { *out.get().add(r * rows + o) = band[(o - lo) * t + r] };
+                }
+            }
+        });
     }
 
     /// `Y[t, o] = Σ_i X[t, i] · W[o, i]` over `t` rows of x.
@@ -69,6 +120,9 @@ impl Matrix {
         debug_assert_eq!(x.len(), t * self.cols);
         debug_assert_eq!(y.len(), t * self.rows);
         let (rows, cols) = (self.rows, self.cols);
+        if let (Some(p), false) = (&self.packed, cx.exact) {
+            return self.matmul_packed(p, x, t, y, cx.threads);
+        }
         let quantized_acts = !cx.exact && self.ty != GgmlType::F32;
         let xq: Vec<Vec<u8>> = if quantized_acts {
             (0..t).map(|r| self.ty.quantize_activation(&x[r * cols..(r + 1) * cols])).collect()
@@ -82,14 +136,14 @@ impl Matrix {
             let mut band = vec![0f32; (hi - lo) * t];
             let mut w = vec![0f32; cols];
             for o in lo..hi {
-                if quantized_acts {
+                if quantized_acts && self.packed.is_none() {
                     let wr = self.row_raw(o);
                     for (r, xr) in xq.iter().enumerate() {
                         band[(o - lo) * t + r] = self.ty.vec_dot(wr, xr);
                     }
                     continue;
                 }
-                let wr: &[f32] = if self.ty == GgmlType::F32 {
+                let wr: &[f32] = if self.ty == GgmlType::F32 && self.packed.is_none() {
                     bytemuck_f32(self.row_raw(o), &mut w)
                 } else {
                     self.row_into(o, &mut w);
@@ -144,6 +198,18 @@ impl Compute {
     }
 }
 
+/// A raw output pointer shared by tasks that write disjoint elements.
+#[derive(Clone, Copy)]
+struct SyncPtr(*mut f32);
+// SAFETY: only used for disjoint writes inside one `Pool::run`, which outlives no borrow.
+unsafe impl Send for SyncPtr {}
+unsafe impl Sync for SyncPtr {}
+impl SyncPtr {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
 /// View little-endian f32 bytes as floats (copies into `buf` when unaligned).
 fn bytemuck_f32<'a>(b: &'a [u8], buf: &'a mut [f32]) -> &'a [f32] {
     for (o, c) in buf.iter_mut().zip(b.chunks_exact(4)) {
@@ -164,7 +230,7 @@ mod tests {
         let w = rng.normals(rows * cols, 0.5);
         let x = rng.normals(t * cols, 1.0);
         for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
-            let m = Matrix { rows, cols, ty, data: w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect() };
+            let m = Matrix::new(rows, cols, ty, w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect());
             let mut deq = vec![0f32; cols];
             let mut want = vec![0f32; t * rows];
             for o in 0..rows {

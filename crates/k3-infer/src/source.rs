@@ -101,7 +101,7 @@ impl Source {
                 info.ne
             )));
         }
-        Ok(Matrix { rows, cols, ty, data: bytes.to_vec() })
+        Ok(Matrix::new(rows, cols, ty, bytes.to_vec()))
     }
 
     fn gguf_f32(&self, name: &str, n: usize) -> Result<Vec<f32>> {
@@ -249,7 +249,7 @@ impl Source {
                     )));
                 }
                 let per = ty.row_bytes(cols) * rows;
-                Ok(Matrix { rows, cols, ty, data: bytes[e * per..(e + 1) * per].to_vec() })
+                Ok(Matrix::new(rows, cols, ty, bytes[e * per..(e + 1) * per].to_vec()))
             }
         }
     }

@@ -10,5 +10,6 @@ pub mod attention;
 pub mod conv;
 pub mod kda;
 pub mod ops;
+pub mod qgemm;
 pub mod quant;
 pub mod testing;

@@ -14,9 +14,9 @@ use tch::{Kind, Tensor};
 /// Size of the sub-blocks used to keep every exponent ≤ 0 inside a chunk.
 const SUB: i64 = 16;
 
-/// Largest total log-decay (nats) of a block for which the factored form is used: each factor's
-/// exponent is at most about half of it, inside f32's ±87 with room for |x|, |y| and the sum.
-const SAFE_SPAN: f64 = 120.0;
+/// Largest exponent (nats) the factored form may meet: each factor e^{±(G − G_m)} must stay a
+/// normal f32 (|exponent| < 87) with room for |x|, |y| ≤ ~1 and the sum over K.
+const SAFE_EXP: f64 = 80.0;
 
 /// The token-recurrent reference. Returns (o [B,T,H,V], final state [B,H,K,V]).
 ///
@@ -66,8 +66,8 @@ pub fn kda_step(q: &Tensor, k: &Tensor, v: &Tensor, g: &Tensor, beta: &Tensor, s
 
 /// `Σ_d x_c[d] · y_j[d] · exp(G_c[d] − G_j[d])` for all c, j of a block, factored through the
 /// block's middle row m as one matmul: `(x ⊙ e^{G−G_m}) (y ⊙ e^{G_m−G})ᵀ`, then masked to the
-/// lower triangle `tri`. Each exponent is bounded by the block's total decay; entries above the
-/// diagonal may overflow and are replaced (not multiplied) by 0, so no NaN reaches the gradient.
+/// lower triangle `tri`. Callers check [`max_exponent`] first; entries above the diagonal may
+/// still overflow and are replaced (not multiplied) by 0, so no NaN reaches the gradient.
 ///
 /// # Shapes
 /// x, y, g: [..., n, K], tri: [n, n] bool → [..., n, n]
@@ -78,10 +78,41 @@ fn factored(x: &Tensor, y: &Tensor, g: &Tensor, tri: &Tensor) -> Tensor {
     a.masked_fill(&tri.logical_not(), 0.0)
 }
 
-/// The largest total decay `G_first − G_last` (nats) of any block along dim −2, over all channels.
-fn max_span(g: &Tensor) -> f64 {
+/// The largest exponent [`factored`] would meet on blocks along dim −2: max over channels of
+/// `G_first − G_m` and `G_m − G_last` (G is non-increasing, so these bound every |G − G_m|).
+fn max_exponent(g: &Tensor) -> f64 {
     let n = g.size()[g.dim() - 2];
-    (g.select(-2, 0) - g.select(-2, n - 1)).max().double_value(&[])
+    let m = g.select(-2, n / 2);
+    let up = (g.select(-2, 0) - &m).max().double_value(&[]);
+    let down = (m - g.select(-2, n - 1)).max().double_value(&[]);
+    up.max(down)
+}
+
+/// Which exact form [`intra_chunk`] takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IntraPath {
+    /// One factored matmul per chunk.
+    WholeChunk,
+    /// Sub-blocks, the diagonal ones factored.
+    SubBlocksFactored,
+    /// Sub-blocks, the diagonal ones by direct differences.
+    SubBlocksDirect,
+}
+
+/// The path for within-chunk cumulative decays `gc` [.., C, K].
+pub fn intra_path(gc: &Tensor) -> IntraPath {
+    let c = gc.size()[gc.dim() - 2];
+    if max_exponent(gc) < SAFE_EXP {
+        return IntraPath::WholeChunk;
+    }
+    let s = if c % SUB == 0 { SUB } else { c };
+    let sz = gc.size();
+    let sub = gc.reshape([&sz[..sz.len() - 2], &[c / s, s, sz[sz.len() - 1]]].concat());
+    if max_exponent(&sub) < SAFE_EXP {
+        IntraPath::SubBlocksFactored
+    } else {
+        IntraPath::SubBlocksDirect
+    }
 }
 
 /// Intra-chunk pair products `A[c, j] = Σ_d x_c[d] · y_j[d] · exp(G_c[d] − G_j[d])` for j < c
@@ -89,10 +120,10 @@ fn max_span(g: &Tensor) -> f64 {
 ///
 /// Three exact forms, the fastest whose exponents stay in f32 range (a product of two f32
 /// factors is as exact as the direct exponential while neither over- nor underflows):
-/// 1. the whole chunk [`factored`] in one matmul, when the chunk's decay is under `SAFE_SPAN`;
+/// 1. the whole chunk [`factored`] in one matmul, when its exponents stay under `SAFE_EXP`;
 /// 2. else s×s sub-blocks: below the diagonal blocks, factor through the first row r of the row's
 ///    sub-block, `exp(G_c − G_r) · exp(G_r − G_j)`, both ≤ 1; the diagonal blocks [`factored`]
-///    when their decay is under `SAFE_SPAN`,
+///    when their exponents stay under `SAFE_EXP`,
 /// 3. else direct differences under a triangular mask (exact for any decay, ~10× slower).
 ///
 /// # Shapes
@@ -102,7 +133,8 @@ pub fn intra_chunk(x: &Tensor, y: &Tensor, gc: &Tensor, inclusive: bool) -> Tens
     let (c, kd) = (sz[3], sz[4]);
     let opts = (Kind::Bool, x.device());
     let tri = |n: i64| Tensor::ones([n, n], opts).tril(if inclusive { 0 } else { -1 });
-    if max_span(gc) < SAFE_SPAN {
+    let path = intra_path(gc);
+    if path == IntraPath::WholeChunk {
         return factored(x, y, gc, &tri(c));
     }
     // Sub-blocking only bounds exponents (the direct masked form is exact too), so any chunk works.
@@ -125,7 +157,7 @@ pub fn intra_chunk(x: &Tensor, y: &Tensor, gc: &Tensor, inclusive: bool) -> Tens
 
     // Diagonal blocks.
     let gs = blk(gc); // [B,H,N,S,s,K]
-    let diag = if max_span(&gs) < SAFE_SPAN {
+    let diag = if path == IntraPath::SubBlocksFactored {
         factored(&blk(x), &blk(y), &gs, &tri(s))
     } else {
         let d = gs.unsqueeze(-2) - gs.unsqueeze(-3); // [B,H,N,S,s(c),s(j),K] = G_c − G_j
@@ -255,6 +287,20 @@ mod tests {
         assert!(max_abs(&o_r, &o_c) < 1e-5 && max_abs(&s_r, &s_c) < 1e-5);
     }
 
+    /// Regression (a real training run): decay concentrated in the first half of a chunk makes
+    /// one factor e^{G_0 − G_m} overflow although the chunk's total decay looks safe.
+    #[test]
+    fn chunk_survives_lopsided_decay() {
+        let [q, k, v, _, beta, s0] = inputs(2, 64, 2, 16, 16, Kind::Float, 12);
+        let first = Tensor::full([2, 32, 2, 16], -3.5, (Kind::Float, Device::Cpu));
+        let rest = Tensor::full([2, 32, 2, 16], -0.01, (Kind::Float, Device::Cpu));
+        let g = Tensor::cat(&[first, rest], 1);
+        let (o_r, s_r) = kda_recurrent(&q, &k, &v, &g, &beta, Some(&s0));
+        let (o_c, s_c) = kda_chunk(&q, &k, &v, &g, &beta, Some(&s0), 64);
+        assert!(bool::try_from(o_c.isfinite().all()).expect("bool"));
+        assert!(max_abs(&o_r, &o_c) < 1e-5 && max_abs(&s_r, &s_c) < 1e-5);
+    }
+
     #[test]
     fn steps_match_recurrent() {
         let [q, k, v, g, beta, s0] = inputs(2, 9, 2, 8, 8, Kind::Double, 3);
@@ -275,14 +321,20 @@ mod tests {
     fn chunk_gradients_match_finite_differences_of_recurrent() {
         // (chunk, decay scale): the whole-chunk factored form, the sub-block form with factored
         // diagonal blocks, and the direct diagonal form.
-        for (chunk, scale) in [(8, 1.0), (32, 12.0), (32, 24.0)] {
-            gradients_match_fd(chunk, scale);
+        for (chunk, scale, path) in [
+            (8, 1.0, IntraPath::WholeChunk),
+            (32, 30.0, IntraPath::SubBlocksFactored),
+            (32, 90.0, IntraPath::SubBlocksDirect),
+        ] {
+            gradients_match_fd(chunk, scale, path);
         }
     }
 
-    fn gradients_match_fd(chunk: i64, scale: f64) {
+    fn gradients_match_fd(chunk: i64, scale: f64, path: IntraPath) {
         let [q, k, v, g, beta, s0] = inputs(1, 21, 2, 4, 3, Kind::Double, 11);
         let g = g * scale;
+        let gc = g.transpose(1, 2).constant_pad_nd([0, 0, 0, chunk - 21]).reshape([1, 2, 1, chunk, 4]).cumsum(-2, None);
+        assert_eq!(intra_path(&gc), path, "chunk {chunk} decay x{scale}");
         let w_o = Tensor::randn([1, 21, 2, 3], (Kind::Double, Device::Cpu));
         let w_s = Tensor::randn([1, 2, 4, 3], (Kind::Double, Device::Cpu));
         let loss_rec = |x: &[Tensor; 6]| {

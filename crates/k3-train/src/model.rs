@@ -119,6 +119,18 @@ impl Model {
         }
     }
 
+    /// "KDA" / "MLA" / "attention" for layer i (diagnostics).
+    pub fn layer_kind(&self, i: usize) -> String {
+        match &self.net {
+            Net::Kimi(m) => match m.blocks.get(i).map(|b| &b.mixer) {
+                Some(crate::kimi::Mixer::Kda(_)) => "KDA".into(),
+                Some(crate::kimi::Mixer::Mla(_)) => "MLA".into(),
+                None => "?".into(),
+            },
+            Net::Llama(_) => "attention".into(),
+        }
+    }
+
     /// Number of parameters held (the VarStore's, equal to the contract's).
     pub fn num_params(&self) -> i64 {
         self.vs.variables().values().map(|t| t.numel() as i64).sum()

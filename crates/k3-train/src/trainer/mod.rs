@@ -77,10 +77,38 @@ pub fn model_config(cfg: &TrainConfig, vocab: usize) -> Result<ModelConfig> {
     Ok(parsed.config)
 }
 
+/// Where a forward pass first goes non-finite: "the input of layer i" or "the final norm's output".
+fn first_non_finite(model: &Model, inputs: &tch::Tensor) -> String {
+    let out = tch::no_grad(|| model.forward(inputs, None, true));
+    let finite = |t: &tch::Tensor| bool::try_from(t.isfinite().all()).unwrap_or(false);
+    let n = out.hidden_states.len();
+    for (i, h) in out.hidden_states.iter().enumerate() {
+        if !finite(h) {
+            return if i == 0 {
+                "the embeddings".into()
+            } else if i + 1 == n {
+                format!("the final norm's output (layer {} output is finite)", i - 1)
+            } else {
+                format!("the output of layer {} ({:?})", i - 1, model.layer_kind(i - 1))
+            };
+        }
+    }
+    if finite(&out.logits) {
+        "nowhere in a replay of the forward pass (the loss or backward overflowed)".into()
+    } else {
+        "the logits".into()
+    }
+}
+
 fn nan_error(what: &str, step: u64, run: &Path) -> Error {
+    nan_error_at(what, step, run, None)
+}
+
+fn nan_error_at(what: &str, step: u64, run: &Path, place: Option<String>) -> Error {
     let last = checkpoint::list(run).last().map(|(s, p)| format!("{} (step {s})", p.display()));
+    let place = place.map(|p| format!(" It first appears in {p}.")).unwrap_or_default();
     Error::Invalid(format!(
-        "step {}: the {what} is not finite (NaN or inf); the run stopped without applying this update. \
+        "step {}: the {what} is not finite (NaN or inf); the run stopped without applying this update.{place} \
          The last good checkpoint is {}. Lower optim.lr or lengthen schedule.warmup_steps, then continue with \
          `k3mini train --out {} --resume --set optim.lr=...`",
         step + 1,
@@ -217,7 +245,17 @@ pub fn run(cfg: &TrainConfig, opts: &RunOptions) -> Result<Summary> {
             let loss = out.logits.view([-1, vocab]).cross_entropy_for_logits(&batch.targets.reshape([-1]));
             let lv = loss.double_value(&[]);
             if !lv.is_finite() {
-                return Err(nan_error("training loss", st.step, run));
+                let mut place = first_non_finite(&model, &batch.inputs);
+                let dbg = run.join("nan-debug");
+                let ids = Vec::<i64>::try_from(&batch.inputs.reshape([-1])).unwrap_or_default();
+                let saved = model.save(&dbg).and_then(|_| {
+                    let t = vec![("inputs".to_string(), vec![b, t], k3_format::safetensors_io::OwnedData::I64(ids))];
+                    Ok(k3_format::write_safetensors(&dbg.join("batch.safetensors"), &t, None)?)
+                });
+                if saved.is_ok() {
+                    place += &format!("; the weights and the batch are in {} for inspection", dbg.display());
+                }
+                return Err(nan_error_at("training loss", st.step, run, Some(place)));
             }
             (loss / accum as f64).backward();
             stats.add(&model, &out.routing);

@@ -1,0 +1,33 @@
+use k3_kernels::qgemm::*;
+use k3_kernels::quant::GgmlType;
+use std::time::Instant;
+fn main() {
+    let mut rng = k3_kernels::testing::Rng::new(1);
+    let (rows, cols) = (2816, 1024);
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        let w = rng.normals(rows * cols, 0.4);
+        let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
+        let p = Packed::pack(ty, rows, cols, &data).unwrap();
+        for t in [1usize, 64] {
+            let x = rng.normals(t * cols, 1.0);
+            let a = QActs::quantize(&x, t, cols);
+            for isa in Isa::available() {
+                let mut out = vec![0f32; rows * t];
+                let n = if t == 1 { 200 } else { 5 };
+                let t0 = Instant::now();
+                for _ in 0..n {
+                    gemm_rows(isa, &p, &a, 0, rows, &mut out);
+                }
+                let s = t0.elapsed().as_secs_f64() / n as f64;
+                println!(
+                    "{} T={t:<3} {:<12} {:8.3} ms  {:7.1} GMAC/s  {:6.1} GB/s",
+                    ty.name(),
+                    isa.name(),
+                    s * 1e3,
+                    (rows * cols * t) as f64 / s / 1e9,
+                    p.nbytes() as f64 / s / 1e9
+                );
+            }
+        }
+    }
+}

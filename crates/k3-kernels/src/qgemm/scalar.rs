@@ -1,0 +1,39 @@
+//! The plain-loop path: integer block sums, one float multiply-add per block, then the offset
+//! term. The SIMD paths compute exactly this, several blocks and rows at a time.
+
+use super::{offset_term, Kind, Packed, QActs, BLOCK};
+
+pub fn gemm(w: &Packed, a: &QActs, lo: usize, hi: usize, out: &mut [f32]) {
+    let n = w.nbp;
+    let (mut dw, mut mu) = (vec![0f32; n], vec![0f32; n]);
+    let mut codes = vec![0u8; n * BLOCK];
+    for o in lo..hi {
+        w.row_scales(o, &mut dw, &mut mu);
+        let q = &w.qs[o * w.row_qs()..(o + 1) * w.row_qs()];
+        match w.kind {
+            Kind::Q8_0 => codes.copy_from_slice(q),
+            _ => {
+                for p in 0..n / 2 {
+                    for j in 0..BLOCK {
+                        let byte = q[p * 32 + j];
+                        codes[2 * p * BLOCK + j] = byte & 0x0F;
+                        codes[(2 * p + 1) * BLOCK + j] = byte >> 4;
+                    }
+                }
+            }
+        }
+        for t in 0..a.t {
+            let (xq, dx) = a.row(t);
+            let mut acc = 0f32;
+            for b in 0..n {
+                let s: i32 = codes[b * BLOCK..(b + 1) * BLOCK]
+                    .iter()
+                    .zip(&xq[b * BLOCK..(b + 1) * BLOCK])
+                    .map(|(&u, &x)| u as i32 * x as i32)
+                    .sum();
+                acc += dw[b] * dx[b] * s as f32;
+            }
+            out[(o - lo) * a.t + t] = acc + offset_term(&mu, a.s_for(w.kind, t));
+        }
+    }
+}

@@ -1,0 +1,268 @@
+//! AVX-512 VNNI and AVX2 paths of [`super::gemm_rows`]: tiles of R weight rows × C tokens, the
+//! weight codes unpacked once per tile and reused for every token, per-block float accumulation
+//! as in ggml, the offset term added at the end (see the module doc of `qgemm`).
+
+use std::arch::x86_64::*;
+
+use super::{offset_term, Kind, Packed, QActs, BLOCK};
+
+/// Per-row f32 scales and offsets of a row tile.
+struct RowScales {
+    dw: Vec<f32>,
+    mu: Vec<f32>,
+    n: usize,
+}
+
+impl RowScales {
+    fn new(n: usize, rows: usize) -> Self {
+        Self { dw: vec![0.0; n * rows], mu: vec![0.0; n * rows], n }
+    }
+    fn fill(&mut self, w: &Packed, o0: usize, r: usize) {
+        let n = self.n;
+        for i in 0..r {
+            w.row_scales(o0 + i, &mut self.dw[i * n..(i + 1) * n], &mut self.mu[i * n..(i + 1) * n]);
+        }
+    }
+    fn dw(&self, i: usize) -> &[f32] {
+        &self.dw[i * self.n..(i + 1) * self.n]
+    }
+    fn mu(&self, i: usize) -> &[f32] {
+        &self.mu[i * self.n..(i + 1) * self.n]
+    }
+}
+
+/// Walk `lo..hi` × tokens in tiles of at most `R × C`, calling `tile(o0, r, t0, c)`.
+fn tiles(lo: usize, hi: usize, t: usize, rmax: usize, cmax: usize, mut tile: impl FnMut(usize, usize, usize, usize)) {
+    let mut o0 = lo;
+    while o0 < hi {
+        let r = rmax.min(hi - o0);
+        let mut t0 = 0;
+        while t0 < t {
+            let c = cmax.min(t - t0);
+            tile(o0, r, t0, c);
+            t0 += c;
+        }
+        o0 += r;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// AVX-512 VNNI: two blocks (64 codes) per vpdpbusd.
+
+/// [a ×8 | b ×8] from two consecutive floats at `p`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+unsafe fn pair_f32(p: *const f32) -> __m512 {
+    let two = _mm_castsi128_ps(_mm_loadl_epi64(p as *const __m128i)); // [a, b, 0, 0]
+    _mm512_permutexvar_ps(pair_idx(), _mm512_castps128_ps512(two))
+}
+
+/// [a ×8 | b ×8] from two consecutive f16 at `p`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+unsafe fn pair_f16(p: *const u16) -> __m512 {
+    let two = _mm_cvtph_ps(_mm_cvtsi32_si128((p as *const i32).read_unaligned())); // [a, b, 0, 0]
+    _mm512_permutexvar_ps(pair_idx(), _mm512_castps128_ps512(two))
+}
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn pair_idx() -> __m512i {
+    _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0)
+}
+
+/// The 64 unsigned codes of block pair `p` of a row: Q4 nibbles or Q8 bytes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
+unsafe fn codes512(kind: Kind, q: *const u8, p: usize) -> __m512i {
+    if kind == Kind::Q8_0 {
+        _mm512_loadu_epi8(q.add(p * 64) as *const i8)
+    } else {
+        let v = _mm256_loadu_si256(q.add(p * 32) as *const __m256i);
+        let m = _mm256_set1_epi8(0x0F);
+        let lo = _mm256_and_si256(v, m);
+        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m);
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+    }
+}
+
+/// One tile. Lanes 0–7 of every vector belong to block 2p, lanes 8–15 to block 2p+1, so the
+/// offset term folds into the same accumulator: Q4_0 / Q8_0 (μ = −k·d_w) accumulate
+/// `d_w · (dot·d_x − (k/8)·s)` per lane; Q4_1 adds `m · s/8` per lane.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+unsafe fn tile512<const R: usize, const C: usize>(
+    w: &Packed,
+    a: &QActs,
+    o0: usize,
+    t0: usize,
+    lo: usize,
+    out: &mut [f32],
+) {
+    let (rq, n) = (w.row_qs(), w.nbp);
+    let kind = w.kind;
+    let koff = match kind {
+        Kind::Q4_0 => -1.0,  // −8/8
+        Kind::Q8_0 => -16.0, // −128/8
+        Kind::Q4_1 => 0.125,
+    };
+    let koff = _mm512_set1_ps(koff);
+    let mut acc = [[_mm512_setzero_ps(); C]; R];
+    let qrow: [*const u8; R] = std::array::from_fn(|i| w.qs.as_ptr().add((o0 + i) * rq));
+    let drow: [*const u16; R] = std::array::from_fn(|i| w.d.as_ptr().add((o0 + i) * n));
+    let mrow: [*const u16; R] =
+        std::array::from_fn(|i| if kind == Kind::Q4_1 { w.m.as_ptr().add((o0 + i) * n) } else { std::ptr::null() });
+    let xrow: [*const i8; C] = std::array::from_fn(|c| a.qs.as_ptr().add((t0 + c) * n * BLOCK));
+    let dxrow: [*const f32; C] = std::array::from_fn(|c| a.d.as_ptr().add((t0 + c) * n));
+    let srow: [*const f32; C] = std::array::from_fn(|c| a.s_for(kind, t0 + c).as_ptr());
+    for p in 0..n / 2 {
+        let mut wv = [_mm512_setzero_si512(); R];
+        let mut ws = [_mm512_setzero_ps(); R];
+        let mut wm = [_mm512_setzero_ps(); R];
+        for i in 0..R {
+            wv[i] = codes512(kind, qrow[i], p);
+            ws[i] = pair_f16(drow[i].add(2 * p));
+            if kind == Kind::Q4_1 {
+                wm[i] = pair_f16(mrow[i].add(2 * p));
+            }
+        }
+        for c in 0..C {
+            let xv = _mm512_loadu_epi8(xrow[c].add(p * 64));
+            let xs = pair_f32(dxrow[c].add(2 * p));
+            let sv = _mm512_mul_ps(pair_f32(srow[c].add(2 * p)), koff);
+            for i in 0..R {
+                let dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[i], xv));
+                if kind == Kind::Q4_1 {
+                    acc[i][c] = _mm512_fmadd_ps(ws[i], _mm512_mul_ps(dot, xs), acc[i][c]);
+                    acc[i][c] = _mm512_fmadd_ps(wm[i], sv, acc[i][c]);
+                } else {
+                    acc[i][c] = _mm512_fmadd_ps(ws[i], _mm512_fmadd_ps(dot, xs, sv), acc[i][c]);
+                }
+            }
+        }
+    }
+    for i in 0..R {
+        for c in 0..C {
+            out[(o0 + i - lo) * a.t + t0 + c] = _mm512_reduce_add_ps(acc[i][c]);
+        }
+    }
+}
+
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL/VNNI, FMA and F16C.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+pub unsafe fn gemm_avx512(w: &Packed, a: &QActs, lo: usize, hi: usize, out: &mut [f32]) {
+    const R: usize = 4;
+    const C: usize = 4;
+    tiles(lo, hi, a.t, R, C, |o0, r, t0, c| {
+        macro_rules! go {
+            ($($rr:literal, $cc:literal);*) => {
+                match (r, c) {
+                    $(($rr, $cc) => tile512::<$rr, $cc>(w, a, o0, t0, lo, out),)*
+                    _ => unreachable!("tiles are at most {R}x{C}"),
+                }
+            };
+        }
+        go!(4,4; 4,3; 4,2; 4,1; 3,4; 3,3; 3,2; 3,1; 2,4; 2,3; 2,2; 2,1; 1,4; 1,3; 1,2; 1,1);
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// AVX2: one block (32 codes) per vpmaddubsw + vpmaddwd.
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn hsum256(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// Σ over 32 lanes of u·x as 8 i32 lanes; `u` < 128 (Q4 codes), so vpmaddubsw cannot saturate.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_u4(u: __m256i, x: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1))
+}
+
+/// Σ over 32 lanes of w·x with w signed (Q8 codes − 128): the sign trick keeps vpmaddubsw exact.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_i8(w: __m256i, x: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1))
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile256<const R: usize, const C: usize>(
+    w: &Packed,
+    a: &QActs,
+    sc: &RowScales,
+    o0: usize,
+    t0: usize,
+    lo: usize,
+    out: &mut [f32],
+) {
+    let rq = w.row_qs();
+    let q8 = w.kind == Kind::Q8_0;
+    let mut acc = [[_mm256_setzero_ps(); C]; R];
+    let qrow: [*const u8; R] = std::array::from_fn(|i| w.qs.as_ptr().add((o0 + i) * rq));
+    let xrow: [*const i8; C] = std::array::from_fn(|c| a.qs.as_ptr().add((t0 + c) * a.nbp * BLOCK));
+    let dxrow: [&[f32]; C] = std::array::from_fn(|c| &a.d[(t0 + c) * a.nbp..(t0 + c + 1) * a.nbp]);
+    let m4 = _mm256_set1_epi8(0x0F);
+    let flip = _mm256_set1_epi8(-128);
+    for p in 0..w.nbp / 2 {
+        let mut wv = [[_mm256_setzero_si256(); 2]; R];
+        for i in 0..R {
+            wv[i] = if q8 {
+                let b0 = _mm256_loadu_si256(qrow[i].add(p * 64) as *const __m256i);
+                let b1 = _mm256_loadu_si256(qrow[i].add(p * 64 + 32) as *const __m256i);
+                [_mm256_xor_si256(b0, flip), _mm256_xor_si256(b1, flip)] // back to signed codes
+            } else {
+                let v = _mm256_loadu_si256(qrow[i].add(p * 32) as *const __m256i);
+                [_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4)]
+            };
+        }
+        for c in 0..C {
+            for h in 0..2 {
+                let b = 2 * p + h;
+                let xv = _mm256_loadu_si256(xrow[c].add(b * BLOCK) as *const __m256i);
+                let dx = dxrow[c][b];
+                for i in 0..R {
+                    let dot = if q8 { dot_i8(wv[i][h], xv) } else { dot_u4(wv[i][h], xv) };
+                    let s = _mm256_set1_ps(sc.dw(i)[b] * dx);
+                    acc[i][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), s, acc[i][c]);
+                }
+            }
+        }
+    }
+    for i in 0..R {
+        for c in 0..C {
+            // Q8 here summed the signed codes directly, so it has no offset term.
+            let off = if q8 { 0.0 } else { offset_term(sc.mu(i), a.s_for(w.kind, t0 + c)) };
+            out[(o0 + i - lo) * a.t + t0 + c] = hsum256(acc[i][c]) + off;
+        }
+    }
+}
+
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn gemm_avx2(w: &Packed, a: &QActs, lo: usize, hi: usize, out: &mut [f32]) {
+    const R: usize = 2;
+    const C: usize = 2;
+    let mut sc = RowScales::new(w.nbp, R);
+    let mut last_o0 = usize::MAX;
+    tiles(lo, hi, a.t, R, C, |o0, r, t0, c| {
+        if o0 != last_o0 {
+            sc.fill(w, o0, r);
+            last_o0 = o0;
+        }
+        match (r, c) {
+            (2, 2) => tile256::<2, 2>(w, a, &sc, o0, t0, lo, out),
+            (2, 1) => tile256::<2, 1>(w, a, &sc, o0, t0, lo, out),
+            (1, 2) => tile256::<1, 2>(w, a, &sc, o0, t0, lo, out),
+            (1, 1) => tile256::<1, 1>(w, a, &sc, o0, t0, lo, out),
+            _ => unreachable!("tiles are at most {R}x{C}"),
+        }
+    });
+}
