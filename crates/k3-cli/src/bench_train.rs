@@ -40,7 +40,7 @@ pub struct BenchTrainArgs {
 
 /// The benchmark configs: the hybrid (3 KDA : 1 MLA, heads of 64) and a GQA Llama of the same
 /// width, depth and FFN (architecture.md §8 config A scaled to `hidden`).
-fn configs(a: &BenchTrainArgs) -> Result<(ModelConfig, ModelConfig)> {
+fn configs(a: &BenchTrainArgs) -> Result<(ModelConfig, ModelConfig, ModelConfig)> {
     let heads = (a.hidden / 64).max(1);
     let mut k = presets::tiny();
     k.hidden_size = a.hidden;
@@ -54,10 +54,15 @@ fn configs(a: &BenchTrainArgs) -> Result<(ModelConfig, ModelConfig)> {
     l.num_hidden_layers = a.layers;
     l.num_attention_heads = heads;
     l.num_key_value_heads = (heads / 2).max(1);
-    let (k, l) = (ModelConfig::Kimi(k), ModelConfig::Llama(l));
+    let mut all_kda = k.clone();
+    all_kda.layers = (0..a.layers)
+        .map(|_| k3_config::LayerKind { mixer: k3_config::Mixer::Kda, ffn: k3_config::FfnKind::Dense })
+        .collect();
+    let (k, l, kda) = (ModelConfig::Kimi(k), ModelConfig::Llama(l), ModelConfig::Kimi(all_kda));
     k.validate()?;
     l.validate()?;
-    Ok((k, l))
+    kda.validate()?;
+    Ok((k, l, kda))
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -92,7 +97,7 @@ fn time_ours(cfg: &ModelConfig, a: &BenchTrainArgs, kind: OptimKind) -> Result<(
 pub fn run(a: &BenchTrainArgs) -> Result<()> {
     k3_train::nn::flush_denormals();
     tch::set_num_threads(a.threads as i32);
-    let (kimi, llama) = configs(a)?;
+    let (kimi, llama, all_kda) = configs(a)?;
     let dir = std::env::temp_dir().join(format!("k3mini-bench-train-{}", std::process::id()));
     for (name, c) in [("kimi", &kimi), ("llama", &llama)] {
         std::fs::create_dir_all(dir.join(name))?;
@@ -107,6 +112,7 @@ pub fn run(a: &BenchTrainArgs) -> Result<()> {
     for (label, cfg, kind) in [
         ("ours: K3-Mini hybrid (tch), AdamW", &kimi, OptimKind::AdamW),
         ("ours: K3-Mini hybrid (tch), Muon", &kimi, OptimKind::Muon),
+        ("ours: all-KDA (tch), AdamW", &all_kda, OptimKind::AdamW),
         ("ours: Llama (tch), AdamW", &llama, OptimKind::AdamW),
     ] {
         let (params, mut t) = time_ours(cfg, a, kind)?;

@@ -6,6 +6,7 @@
 
 #[cfg(feature = "train")]
 mod bench_train;
+mod bench_infer;
 mod info;
 mod native;
 mod plot;
@@ -142,6 +143,8 @@ pub struct TrainArgs {
 
 #[derive(Subcommand)]
 enum BenchCmd {
+    /// Inference speed: our engine vs llama.cpp on the same GGUF, ids and threads, with ratios.
+    Infer(bench_infer::BenchInferArgs),
     /// Training-step speed: ours vs transformers' KimiLinear vs a PyTorch Llama (needs `train`).
     #[cfg(feature = "train")]
     Train(bench_train::BenchTrainArgs),
@@ -215,6 +218,7 @@ fn run() -> Result<()> {
         Cmd::Eval { model, data, context, windows, batch, threads, json } => {
             torch_cmds::eval(&model, &data, &context, windows, batch, threads, json.as_deref())
         }
+        Cmd::Bench(BenchCmd::Infer(a)) => bench_infer::run(&a),
         #[cfg(feature = "train")]
         Cmd::Bench(BenchCmd::Train(a)) => bench_train::run(&a),
         #[cfg(not(feature = "train"))]

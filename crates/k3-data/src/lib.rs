@@ -5,11 +5,14 @@
 //! - [`tok`]: byte-level BPE training (the `tokenizers` crate), or an existing `tokenizer.json` or
 //!   the vocabulary embedded in a GGUF, with a stable identity hash;
 //! - [`shards`]: memory-mapped token shards with a small header, random-access windows for
-//!   packed training batches and fixed validation windows.
+//!   packed training batches and fixed validation windows;
+//! - [`signals`]: the teacher-signal store (top-k log-probabilities, trajectories, router
+//!   statistics), append-only, crash-safe and memory-mapped.
 
 pub mod corpus;
 pub mod dataset;
 pub mod shards;
+pub mod signals;
 pub mod tok;
 
 #[derive(Debug, thiserror::Error)]

@@ -111,12 +111,16 @@ impl LlamaModel {
             self.rope(&mut k, hkv, past);
             // llama.cpp's K/V cache is f16; outside exact mode hold the same values.
             let half = |v: &[f32]| -> Vec<f32> {
-                v.iter().map(|&x| if cx.exact { x } else { attention::round_f16(x) }).collect()
+                let mut v = v.to_vec();
+                if !cx.exact {
+                    k3_kernels::simd::round_f16_inplace(&mut v);
+                }
+                v
             };
             cache.k.extend_from_slice(&half(&k));
             cache.v.extend_from_slice(&half(&v));
             let mut att = vec![0f32; t * hq * hd];
-            attention::gqa_attend_ref(&mut att, &q, &cache.k, &cache.v, hq, hkv, hd, past, !cx.exact);
+            attention::gqa_attend(&mut att, &q, &cache.k, &cache.v, hq, hkv, hd, past, !cx.exact, cx.threads);
             let o = l.o.apply(&att, t, cx);
             ops::axpy(&mut x, 1.0, &o);
             ops::rmsnorm(&mut h, &x, &l.norm_post, eps);

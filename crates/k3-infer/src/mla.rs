@@ -119,7 +119,11 @@ impl Mla {
             ops::rmsnorm(&mut c, &row[..r], &self.kv_norm, latent_eps);
             // llama.cpp keeps this cache in f16; outside exact mode we hold the same values.
             let half = |v: &[f32]| -> Vec<f32> {
-                v.iter().map(|&x| if cx.exact { x } else { attention::round_f16(x) }).collect()
+                let mut v = v.to_vec();
+                if !cx.exact {
+                    k3_kernels::simd::round_f16_inplace(&mut v);
+                }
+                v
             };
             cache.extend_from_slice(&half(&c));
             cache.extend_from_slice(&half(&row[r..])); // k_r: shared by all heads, no rotary (NoPE)
@@ -136,7 +140,7 @@ impl Mla {
                 q_r[hh * dr..(hh + 1) * dr].copy_from_slice(&qrow[hh * qk + dn..(hh + 1) * qk]);
             }
             let visible = &cache[..(past + tt + 1) * (r + dr)]; // causal
-            attention::mla_attend_ref(&mut lat, &q_abs, &q_r, visible, r, dr, scale, !cx.exact);
+            attention::mla_attend(&mut lat, &q_abs, &q_r, visible, r, dr, scale, !cx.exact, cx.threads);
             for hh in 0..h {
                 self.v_b[hh].matvec(
                     &lat[hh * r..(hh + 1) * r],

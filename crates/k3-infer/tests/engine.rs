@@ -10,7 +10,10 @@ fn golden(name: &str) -> PathBuf {
 
 #[test]
 fn interleaved_sequences_match_separate_runs() {
-    let (model, _) = Model::load(&golden("tiny_k3")).expect("load");
+    let (mut model, _) = Model::load(&golden("tiny_k3")).expect("load");
+    // Reference numerics: prefill (chunked) and decode (step) paths then differ only by float
+    // order; llama.cpp numerics add f16 / int8 roundings that the two paths may round apart.
+    model.compute.exact = true;
     let a: Vec<u32> = (0..30).map(|i| (i * 7 + 3) % 250 + 3).collect();
     let b: Vec<u32> = (0..30).map(|i| (i * 11 + 5) % 250 + 3).collect();
     let alone = |ids: &[u32]| {

@@ -23,7 +23,13 @@ pub fn mla_attend_ref(
     let h = q_abs.len() / r;
     let s = cache.len() / (r + dr);
     let mut scores = vec![0f32; s];
-    let round = |v: &[f32]| -> Vec<f32> { v.iter().map(|&x| if f16_kq { round_f16(x) } else { x }).collect() };
+    let round = |v: &[f32]| -> Vec<f32> {
+        let mut v = v.to_vec();
+        if f16_kq {
+            crate::simd::round_f16_inplace(&mut v);
+        }
+        v
+    };
     for hh in 0..h {
         let (qa, qr) = (round(&q_abs[hh * r..(hh + 1) * r]), round(&q_r[hh * dr..(hh + 1) * dr]));
         for (j, sc) in scores.iter_mut().enumerate() {
@@ -32,13 +38,96 @@ pub fn mla_attend_ref(
         }
         crate::ops::softmax_inplace(&mut scores);
         if f16_kq {
-            scores.iter_mut().for_each(|p| *p = round_f16(*p));
+            crate::simd::round_f16_inplace(&mut scores);
         }
         let o = &mut out[hh * r..(hh + 1) * r];
         o.iter_mut().for_each(|x| *x = 0.0);
         for (j, &p) in scores.iter().enumerate() {
             crate::ops::axpy(o, p, &cache[j * (r + dr)..j * (r + dr) + r]);
         }
+    }
+}
+
+/// A raw output pointer for tasks that write disjoint rows.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: used only for disjoint writes inside one `Pool::run`.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+impl OutPtr {
+    /// # Safety
+    /// `off..off + n` must be in bounds and written by this task alone.
+    unsafe fn slice<'a>(self, off: usize, n: usize) -> &'a mut [f32] {
+        std::slice::from_raw_parts_mut(self.0.add(off), n)
+    }
+}
+
+/// [`mla_attend_ref`] with the heads spread over `threads` pool threads.
+#[allow(clippy::too_many_arguments)]
+pub fn mla_attend(
+    out: &mut [f32],
+    q_abs: &[f32],
+    q_r: &[f32],
+    cache: &[f32],
+    r: usize,
+    dr: usize,
+    scale: f32,
+    f16_kq: bool,
+    threads: usize,
+) {
+    let h = q_abs.len() / r;
+    let s = cache.len() / (r + dr);
+    let threads = if s * h * (r + dr) < 1 << 15 { 1 } else { threads };
+    let o = OutPtr(out.as_mut_ptr());
+    crate::threads::Pool::global().run(threads, h, &|hh| {
+        // SAFETY: head hh writes only its own [R] slice.
+        let oh = unsafe { o.slice(hh * r, r) };
+        mla_attend_ref(oh, &q_abs[hh * r..(hh + 1) * r], &q_r[hh * dr..(hh + 1) * dr], cache, r, dr, scale, f16_kq);
+    });
+}
+
+/// [`gqa_attend_ref`] with the (query, head) pairs spread over `threads` pool threads.
+#[allow(clippy::too_many_arguments)]
+pub fn gqa_attend(
+    out: &mut [f32],
+    q: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+    hq: usize,
+    hkv: usize,
+    d: usize,
+    past: usize,
+    f16_kq: bool,
+    threads: usize,
+) {
+    let t = q.len() / (hq * d);
+    let threads = if (past + t) * t * hq * d < 1 << 15 { 1 } else { threads };
+    let o = OutPtr(out.as_mut_ptr());
+    crate::threads::Pool::global().run(threads, t * hq, &|i| {
+        let (r, hh) = (i / hq, i % hq);
+        // SAFETY: task (r, hh) writes only its own [D] slice.
+        let oh = unsafe { o.slice((r * hq + hh) * d, d) };
+        attend_one(oh, &q[(r * hq + hh) * d..(r * hq + hh + 1) * d], kc, vc, hh / (hq / hkv), hkv, d, past + r + 1, f16_kq);
+    });
+}
+
+/// One query head against the first `n` cache positions of KV head `kvh`.
+#[allow(clippy::too_many_arguments)]
+fn attend_one(out: &mut [f32], q: &[f32], kc: &[f32], vc: &[f32], kvh: usize, hkv: usize, d: usize, n: usize, f16_kq: bool) {
+    let scale = 1.0 / (d as f32).sqrt();
+    let mut qv = q.to_vec();
+    if f16_kq {
+        crate::simd::round_f16_inplace(&mut qv);
+    }
+    let mut scores: Vec<f32> =
+        (0..n).map(|j| crate::ops::dot(&qv, &kc[(j * hkv + kvh) * d..(j * hkv + kvh + 1) * d]) * scale).collect();
+    crate::ops::softmax_inplace(&mut scores);
+    if f16_kq {
+        crate::simd::round_f16_inplace(&mut scores);
+    }
+    out.iter_mut().for_each(|x| *x = 0.0);
+    for (j, &p) in scores.iter().enumerate() {
+        crate::ops::axpy(out, p, &vc[(j * hkv + kvh) * d..(j * hkv + kvh + 1) * d]);
     }
 }
 
@@ -90,6 +179,37 @@ pub fn gqa_attend_ref(
             for (j, &p) in scores.iter().enumerate() {
                 crate::ops::axpy(o, p, &vc[(j * hkv + kvh) * d..(j * hkv + kvh + 1) * d]);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{assert_close_abs, Rng};
+
+    #[test]
+    fn parallel_attention_matches_the_references() {
+        let mut rng = Rng::new(21);
+        for f16 in [false, true] {
+            // GQA: 3 new queries after 40 cached positions, 6 query heads over 2 KV heads.
+            let (t, past, hq, hkv, d) = (3, 40, 6, 2, 16);
+            let q = rng.normals(t * hq * d, 1.0);
+            let kc = rng.normals((past + t) * hkv * d, 1.0);
+            let vc = rng.normals((past + t) * hkv * d, 1.0);
+            let (mut want, mut got) = (vec![0f32; t * hq * d], vec![0f32; t * hq * d]);
+            gqa_attend_ref(&mut want, &q, &kc, &vc, hq, hkv, d, past, f16);
+            gqa_attend(&mut got, &q, &kc, &vc, hq, hkv, d, past, f16, 2);
+            assert_close_abs("gqa", &got, &want, 1e-5);
+            // MLA: 4 heads over 50 latent rows.
+            let (h, r, dr, s) = (4, 24, 8, 50);
+            let qa = rng.normals(h * r, 1.0);
+            let qr = rng.normals(h * dr, 1.0);
+            let cache = rng.normals(s * (r + dr), 1.0);
+            let (mut want, mut got) = (vec![0f32; h * r], vec![0f32; h * r]);
+            mla_attend_ref(&mut want, &qa, &qr, &cache, r, dr, 0.2, f16);
+            mla_attend(&mut got, &qa, &qr, &cache, r, dr, 0.2, f16, 2);
+            assert_close_abs("mla", &got, &want, 1e-6);
         }
     }
 }

@@ -12,4 +12,6 @@ pub mod kda;
 pub mod ops;
 pub mod qgemm;
 pub mod quant;
+pub mod simd;
 pub mod testing;
+pub mod threads;

@@ -91,11 +91,21 @@ pub fn situ_glu_inplace(g: &mut [f32], u: &[f32], beta: f32, linear_beta: f32) {
 }
 
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    crate::simd::dot(a, b)
+}
+
+/// The reference for [`dot`]: one sequential sum.
+pub fn dot_ref(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
-/// `y += a · x`
+/// `y += a · x` (SIMD-dispatched, see `simd`).
 pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    crate::simd::axpy(y, a, x)
+}
+
+/// The reference for [`axpy`].
+pub fn axpy_ref(y: &mut [f32], a: f32, x: &[f32]) {
     for (o, &v) in y.iter_mut().zip(x) {
         *o += a * v;
     }

@@ -1,0 +1,285 @@
+//! `k3mini bench infer`: our engine and llama.cpp (llama-cpp-python) on the same GGUF, the same
+//! token ids and the same thread count, in one run: prefill tokens/s, decode tokens/s at several
+//! context lengths, peak RSS, and decode against the memory-bandwidth bound measured alongside.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use k3_infer::linear::Compute;
+use k3_infer::{Logits, Model};
+use serde_json::{json, Value};
+
+#[derive(clap::Args)]
+pub struct BenchInferArgs {
+    /// A GGUF (or checkpoint directory; llama.cpp only runs GGUFs).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Thread counts, comma-separated.
+    #[arg(long, default_value = "1,2")]
+    pub threads: String,
+    /// Prefill lengths.
+    #[arg(long, default_value = "512,4096")]
+    pub prefill: String,
+    /// Context lengths to decode at.
+    #[arg(long, default_value = "0,4096,32768")]
+    pub decode_ctx: String,
+    /// Tokens timed per decode measurement.
+    #[arg(long, default_value_t = 32)]
+    pub decode_tokens: usize,
+    /// Repeats per measurement (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub repeat: usize,
+    /// Skip llama.cpp (ours only).
+    #[arg(long)]
+    pub no_llama: bool,
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Draw decode tokens/s against context for both engines.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+}
+
+fn list(s: &str, what: &str) -> Result<Vec<usize>> {
+    s.split(',')
+        .filter(|x| !x.trim().is_empty())
+        .map(|x| x.trim().parse::<usize>().with_context(|| format!("--{what}: `{x}` is not a number")))
+        .collect()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Peak resident set of this process (VmHWM), MiB.
+fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+/// Read bandwidth (GB/s) of `threads` threads streaming a 512 MiB buffer, the median of 5.
+pub fn bandwidth_gbs(threads: usize) -> f64 {
+    let n: usize = (512 << 20) >> 3; // u64 words
+    let buf: Vec<u64> = (0..n as u64).collect();
+    let per = n.div_ceil(threads);
+    let mut rates = Vec::new();
+    for _ in 0..5 {
+        let t0 = Instant::now();
+        let sums = k3_infer::threads::par_chunks(threads, threads, |lo, hi| {
+            let mut s = 0u64;
+            for c in buf[lo * per..(hi * per).min(n)].chunks(8) {
+                s = s.wrapping_add(c.iter().fold(0u64, |a, &b| a ^ b));
+            }
+            s
+        });
+        std::hint::black_box(sums);
+        rates.push((n * 8) as f64 / t0.elapsed().as_secs_f64() / 1e9);
+    }
+    median(rates)
+}
+
+/// Weight bytes one decoded token reads: every tensor except the embedding table (one row) and,
+/// for MoE, only the top-k share of the routed experts. GGUF only (else the f32 parameter bytes).
+fn weight_bytes_per_token(path: &Path) -> Result<u64> {
+    if path.is_dir() {
+        let (cfg, _) = k3_format::checkpoint::read_config(path)?;
+        let c = k3_format::param_counts(&cfg);
+        return Ok(4 * (c.active as u64).saturating_sub(c.embedding as u64 / 2));
+    }
+    let g = k3_format::gguf::GgufFile::open(path)?;
+    let arch = g.arch().unwrap_or("").to_string();
+    let num = |k: &str| g.get(&format!("{arch}.{k}")).and_then(|v| v.as_u64());
+    let share = match (num("expert_used_count"), num("expert_count")) {
+        (Some(k), Some(e)) if e > 0 => k as f64 / e as f64,
+        _ => 1.0,
+    };
+    let tied = g.tensor_info("output.weight").is_none();
+    let mut total = 0f64;
+    for t in &g.tensors {
+        let ty = k3_kernels::quant::GgmlType::from_id(t.type_id)
+            .with_context(|| format!("{}: tensor {} has an unknown type", path.display(), t.name))?;
+        let bytes = (t.numel() / ty.block_elems() as u64 * ty.block_bytes() as u64) as f64;
+        total += if t.name == "token_embd.weight" && !tied {
+            0.0
+        } else if t.name.contains("_exps") {
+            bytes * share
+        } else {
+            bytes
+        };
+    }
+    Ok(total as u64)
+}
+
+struct Ours {
+    prefill: Vec<(usize, f64)>,
+    decode: Vec<(usize, f64)>,
+}
+
+fn run_ours(model: &mut Model, ids: &[u32], a: &BenchInferArgs, threads: usize) -> Result<Ours> {
+    model.compute = Compute { threads, exact: false };
+    let feed = |m: &Model, st: &mut k3_infer::SeqState, toks: &[u32]| -> Result<()> {
+        for c in toks.chunks(512) {
+            m.forward(c, st, Logits::Last)?;
+        }
+        Ok(())
+    };
+    let mut prefill = Vec::new();
+    for n in list(&a.prefill, "prefill")? {
+        let mut rates = Vec::new();
+        for _ in 0..a.repeat {
+            let mut st = model.new_state();
+            let t0 = Instant::now();
+            feed(model, &mut st, &ids[..n])?;
+            rates.push(n as f64 / t0.elapsed().as_secs_f64());
+        }
+        prefill.push((n, median(rates)));
+    }
+    let mut decode = Vec::new();
+    for c in list(&a.decode_ctx, "decode-ctx")? {
+        let mut rates = Vec::new();
+        for _ in 0..a.repeat {
+            let mut st = model.new_state();
+            if c > 0 {
+                feed(model, &mut st, &ids[..c])?;
+            }
+            let t0 = Instant::now();
+            for &tok in &ids[c..c + a.decode_tokens] {
+                model.forward(&[tok], &mut st, Logits::Last)?;
+            }
+            rates.push(a.decode_tokens as f64 / t0.elapsed().as_secs_f64());
+        }
+        decode.push((c, median(rates)));
+    }
+    Ok(Ours { prefill, decode })
+}
+
+fn run_llama(path: &Path, ids_file: &Path, a: &BenchInferArgs, threads: usize) -> Result<Option<Value>> {
+    let py = std::env::var("K3MINI_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/bench/llama_cpp_bench.py");
+    let out = Command::new(&py)
+        .arg(&script)
+        .arg(path)
+        .args(["--threads", &threads.to_string(), "--ids"])
+        .arg(ids_file)
+        .args(["--prefill", &a.prefill, "--decode-ctx", &a.decode_ctx])
+        .args(["--decode-tokens", &a.decode_tokens.to_string(), "--repeat", &a.repeat.to_string()])
+        .output()
+        .with_context(|| format!("running {py} {}", script.display()))?;
+    match out.status.code() {
+        Some(0) => {}
+        Some(3) => {
+            eprintln!("llama.cpp is not installed in {py}; run scripts/setup-llama-cpp (ours only)");
+            return Ok(None);
+        }
+        _ => bail!("{} failed:\n{}", script.display(), String::from_utf8_lossy(&out.stderr)),
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().last().unwrap_or_default();
+    Ok(Some(serde_json::from_str(line).with_context(|| format!("bad output from the script: {line}"))?))
+}
+
+pub fn run(a: &BenchInferArgs) -> Result<()> {
+    let (mut model, _) = Model::load(&a.model).with_context(|| format!("loading {}", a.model.display()))?;
+    let threads = list(&a.threads, "threads")?;
+    let longest = list(&a.prefill, "prefill")?
+        .into_iter()
+        .chain(list(&a.decode_ctx, "decode-ctx")?.into_iter().map(|c| c + a.decode_tokens))
+        .max()
+        .unwrap_or(1);
+    if longest > model.n_ctx {
+        bail!("the benchmark needs {longest} tokens of context, the model allows {}", model.n_ctx);
+    }
+    // Deterministic pseudo-random ids (the same for both engines), away from special tokens.
+    let v = model.vocab_size() as u64;
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let ids: Vec<u32> = (0..longest)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (100 + x % (v - 200)) as u32
+        })
+        .collect();
+    let ids_file = std::env::temp_dir().join(format!("k3mini-bench-ids-{}.txt", std::process::id()));
+    std::fs::write(&ids_file, ids.iter().map(u32::to_string).collect::<Vec<_>>().join(","))?;
+    let weight_bytes = weight_bytes_per_token(&a.model)?;
+    println!(
+        "model {} ({:.1} MiB of weights read per decoded token), ids: {longest} pseudo-random, median of {}",
+        a.model.display(),
+        weight_bytes as f64 / (1 << 20) as f64,
+        a.repeat
+    );
+    let mut report = Vec::new();
+    let mut plot_series = Vec::new();
+    for &n in &threads {
+        let bw = bandwidth_gbs(n);
+        let ours = run_ours(&mut model, &ids, a, n)?;
+        let llama = if a.no_llama || a.model.is_dir() { None } else { run_llama(&a.model, &ids_file, a, n)? };
+        let bound = bw * 1e9 / weight_bytes as f64;
+        println!("\n{n} thread(s): read bandwidth {bw:.1} GB/s -> decode bound {bound:.1} tok/s");
+        println!("  {:<22} {:>10} {:>12} {:>8}", "", "ours", "llama.cpp", "ratio");
+        let get = |kind: &str, k: usize| llama.as_ref().and_then(|l| l[kind][k.to_string()].as_f64());
+        let mut rows = Vec::new();
+        for (k, r) in &ours.prefill {
+            rows.push((format!("prefill {k} tok/s"), *r, get("prefill", *k)));
+        }
+        for (k, r) in &ours.decode {
+            rows.push((format!("decode @{k} tok/s"), *r, get("decode", *k)));
+        }
+        for (label, o, l) in &rows {
+            match l {
+                Some(l) => println!("  {label:<22} {o:>10.1} {l:>12.1} {:>7.2}x", o / l),
+                None => println!("  {label:<22} {o:>10.1} {:>12} {:>8}", "-", "-"),
+            }
+        }
+        if let Some((_, d0)) = ours.decode.iter().find(|(c, _)| *c == 0) {
+            println!("  decode @0 is {:.0}% of the bandwidth bound", 100.0 * d0 / bound);
+        }
+        plot_series.push((format!("ours, {n} thr"), ours.decode.clone()));
+        if let Some(l) = &llama {
+            let pts: Vec<(usize, f64)> = ours.decode.iter().filter_map(|(c, _)| Some((*c, get("decode", *c)?))).collect();
+            plot_series.push((format!("llama.cpp, {n} thr"), pts));
+            let _ = l;
+        }
+        report.push(json!({
+            "threads": n,
+            "bandwidth_gbs": bw,
+            "decode_bound_tok_s": bound,
+            "ours": {"prefill": ours.prefill, "decode": ours.decode},
+            "llama_cpp": llama,
+        }));
+    }
+    let rss = peak_rss_mib();
+    println!("\npeak RSS: ours {rss:.0} MiB (whole benchmark process; llama.cpp's is in the JSON)");
+    let _ = std::fs::remove_file(&ids_file);
+    if let Some(p) = &a.json {
+        let j = json!({"model": a.model.display().to_string(), "weight_bytes_per_token": weight_bytes,
+                       "peak_rss_mib_ours": rss, "runs": report});
+        k3_format::safetensors_io::write_atomic(p, serde_json::to_string_pretty(&j)?.as_bytes())?;
+    }
+    if let Some(p) = &a.plot {
+        let chart = k3_plot::Chart {
+            title: format!("decode speed, {}", a.model.file_name().map(|f| f.to_string_lossy()).unwrap_or_default()),
+            x_label: "context (tokens)".into(),
+            y_label: "tokens/s".into(),
+            series: plot_series
+                .into_iter()
+                .enumerate()
+                .map(|(i, (name, pts))| k3_plot::Series {
+                    name,
+                    points: pts.into_iter().map(|(c, r)| (c as f64, r)).collect(),
+                    color: k3_plot::COLORS[i % k3_plot::COLORS.len()],
+                })
+                .collect(),
+            ..Default::default()
+        };
+        k3_plot::write_png(p, &chart, 900, 560)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,206 @@
+//! A persistent worker pool for the engine's parallel loops (matmul row bands, heads, chunks).
+//!
+//! Workers are started once per process and wait for jobs, spinning briefly before they sleep,
+//! so back-to-back matmuls of a decode step do not pay thread start-up or wake-up each time.
+//! A job is `n` tasks `f(0..n)` taken from a shared counter by the caller and up to
+//! `threads − 1` workers; `run` returns when every task is done. Jobs from different callers are
+//! serialised.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// How long an idle worker spins before sleeping on the condition variable.
+const SPIN: Duration = Duration::from_micros(200);
+
+type Task = dyn Fn(usize) + Sync;
+
+/// One `run`: its task function and counters. Workers hold an `Arc` while they take part.
+struct Job {
+    /// Valid until `run` returns, which it does only after every participant has left.
+    f: &'static Task,
+    n: usize,
+    helpers: usize,
+    next: AtomicUsize,
+    remaining: AtomicUsize,
+    /// Workers inside `work` for this job.
+    active: AtomicUsize,
+    panicked: AtomicBool,
+}
+
+struct Shared {
+    /// The job being run, if any; workers join it only while it is here.
+    slot: Mutex<Option<Arc<Job>>>,
+    generation: AtomicU64,
+    wake: Condvar,
+}
+
+pub struct Pool {
+    shared: &'static Shared,
+    workers: usize,
+    submit: Mutex<()>,
+}
+
+fn work(job: &Job) {
+    loop {
+        let i = job.next.fetch_add(1, Ordering::AcqRel);
+        if i >= job.n {
+            return;
+        }
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (job.f)(i))).is_err() {
+            job.panicked.store(true, Ordering::Release);
+        }
+        job.remaining.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn worker(sh: &'static Shared, index: usize) {
+    let mut seen = 0u64;
+    loop {
+        // Wait for a new generation: spin, then sleep.
+        let start = Instant::now();
+        while sh.generation.load(Ordering::Acquire) == seen {
+            if start.elapsed() < SPIN {
+                std::hint::spin_loop();
+                continue;
+            }
+            let guard = sh.slot.lock().unwrap_or_else(|e| e.into_inner());
+            if sh.generation.load(Ordering::Acquire) == seen {
+                let _ = sh.wake.wait_timeout(guard, Duration::from_millis(50));
+            }
+        }
+        seen = sh.generation.load(Ordering::Acquire);
+        // Join under the lock, so `run` knows every participant before it clears the slot.
+        let job = {
+            let slot = sh.slot.lock().unwrap_or_else(|e| e.into_inner());
+            match slot.as_ref() {
+                Some(j) if index < j.helpers => {
+                    j.active.fetch_add(1, Ordering::AcqRel);
+                    Some(Arc::clone(j))
+                }
+                _ => None,
+            }
+        };
+        if let Some(j) = job {
+            work(&j);
+            j.active.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Pool {
+    fn new(workers: usize) -> Self {
+        let shared: &'static Shared =
+            Box::leak(Box::new(Shared { slot: Mutex::new(None), generation: AtomicU64::new(0), wake: Condvar::new() }));
+        for i in 0..workers {
+            std::thread::Builder::new()
+                .name(format!("k3-worker-{i}"))
+                .spawn(move || worker(shared, i))
+                .expect("spawning an engine worker thread");
+        }
+        Self { shared, workers, submit: Mutex::new(()) }
+    }
+
+    /// The process-wide pool (one worker per core beyond the caller's).
+    pub fn global() -> &'static Pool {
+        static POOL: OnceLock<Pool> = OnceLock::new();
+        POOL.get_or_init(|| {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            Pool::new(cores.clamp(1, 64) - 1)
+        })
+    }
+
+    /// Run `f(0..n)` on the caller plus up to `threads − 1` workers; returns when all are done.
+    pub fn run(&self, threads: usize, n: usize, f: &(dyn Fn(usize) + Sync)) {
+        let helpers = threads.saturating_sub(1).min(self.workers).min(n.saturating_sub(1));
+        if helpers == 0 {
+            (0..n).for_each(f);
+            return;
+        }
+        let _one_job = self.submit.lock().unwrap_or_else(|e| e.into_inner());
+        let sh = self.shared;
+        // SAFETY: workers call `f` only through this job, which they join under the slot lock
+        // and leave (`active`) before this function returns; the slot is cleared first.
+        let f_static: &'static Task = unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync + '_), &'static Task>(f) };
+        let job = Arc::new(Job {
+            f: f_static,
+            n,
+            helpers,
+            next: AtomicUsize::new(0),
+            remaining: AtomicUsize::new(n),
+            active: AtomicUsize::new(0),
+            panicked: AtomicBool::new(false),
+        });
+        {
+            let mut slot = sh.slot.lock().unwrap_or_else(|e| e.into_inner());
+            *slot = Some(Arc::clone(&job));
+            sh.generation.fetch_add(1, Ordering::AcqRel);
+            sh.wake.notify_all();
+        }
+        work(&job);
+        while job.remaining.load(Ordering::Acquire) > 0 {
+            std::hint::spin_loop();
+        }
+        *sh.slot.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        while job.active.load(Ordering::Acquire) > 0 {
+            std::hint::spin_loop();
+        }
+        if job.panicked.load(Ordering::Acquire) {
+            panic!("an engine worker task panicked");
+        }
+    }
+}
+
+/// Split `0..n` into `threads` contiguous ranges, run `f(lo, hi)` on each on the global pool and
+/// return `(lo, hi, result)` in order.
+pub fn par_chunks<T: Send>(n: usize, threads: usize, f: impl Fn(usize, usize) -> T + Sync) -> Vec<(usize, usize, T)> {
+    let threads = threads.clamp(1, n.max(1));
+    if threads == 1 {
+        return vec![(0, n, f(0, n))];
+    }
+    let per = n.div_ceil(threads);
+    let ranges: Vec<(usize, usize)> =
+        (0..threads).map(|i| (i * per, ((i + 1) * per).min(n))).filter(|(a, b)| a < b).collect();
+    let slots: Vec<Mutex<Option<T>>> = ranges.iter().map(|_| Mutex::new(None)).collect();
+    Pool::global().run(threads, ranges.len(), &|i| {
+        let (lo, hi) = ranges[i];
+        let v = f(lo, hi);
+        *slots[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(v);
+    });
+    ranges
+        .into_iter()
+        .zip(slots)
+        .map(|((lo, hi), s)| {
+            let v = s.into_inner().unwrap_or_else(|e| e.into_inner()).expect("every task ran");
+            (lo, hi, v)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_runs_every_task_once_from_many_callers() {
+        let handles: Vec<_> = (0..4)
+            .map(|k| {
+                std::thread::spawn(move || {
+                    for rep in 0..50 {
+                        let n = 7 + (k + rep) % 5;
+                        let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+                        Pool::global().run(3, n, &|i| {
+                            hits[i].fetch_add(1, Ordering::Relaxed);
+                        });
+                        assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().expect("caller thread");
+        }
+        let parts = par_chunks(10, 3, |lo, hi| (lo..hi).sum::<usize>());
+        assert_eq!(parts.iter().map(|p| p.2).sum::<usize>(), 45);
+    }
+}
