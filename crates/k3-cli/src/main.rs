@@ -7,9 +7,12 @@
 #[cfg(feature = "train")]
 mod bench_train;
 mod bench_infer;
+mod capture;
 mod info;
 mod native;
 mod plot;
+#[cfg(feature = "train")]
+mod teacher;
 #[cfg(feature = "train")]
 mod torch_cmds;
 
@@ -77,6 +80,10 @@ enum Cmd {
     },
     /// Train a model on a dataset (needs the `train` feature): `--config FILE --out RUN`.
     Train(TrainArgs),
+    /// Distil a teacher into a student (needs the `train` feature): a training config with a
+    /// `[distill]` section, offline from a `k3mini capture` store or online with the teacher in
+    /// process. Checkpoints, `--resume` and progress as `train`.
+    Distill(TrainArgs),
     /// Validation loss and perplexity of a checkpoint on a dataset, at one or more context lengths.
     Eval {
         #[arg(long)]
@@ -99,6 +106,8 @@ enum Cmd {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// Run a teacher over a dataset's windows and store its top-k log-probabilities (resumable).
+    Capture(capture::CaptureArgs),
     /// Draw one metric of several training runs against tokens, as a PNG.
     Plot(plot::PlotArgs),
     /// Benchmarks that print ratios against anchors measured in the same run.
@@ -213,7 +222,9 @@ fn run() -> Result<()> {
         #[cfg(feature = "train")]
         Cmd::Logits { model, ids, out, engine, threads, .. } => torch_cmds::logits(&model, &parse_ids(&ids)?, &out, &engine, threads),
         #[cfg(feature = "train")]
-        Cmd::Train(args) => torch_cmds::train(&args),
+        Cmd::Train(args) => torch_cmds::train(&args, false),
+        #[cfg(feature = "train")]
+        Cmd::Distill(args) => torch_cmds::train(&args, true),
         #[cfg(feature = "train")]
         Cmd::Eval { model, data, context, windows, batch, threads, json } => {
             torch_cmds::eval(&model, &data, &context, windows, batch, threads, json.as_deref())
@@ -224,6 +235,7 @@ fn run() -> Result<()> {
         #[cfg(not(feature = "train"))]
         Cmd::Bench(BenchCmd::Train) => bail!("bench train needs the `train` feature (libtorch)"),
         Cmd::Plot(a) => plot::run(&a),
+        Cmd::Capture(a) => capture::run(&a),
         Cmd::Generate(args) => native::generate(&args),
         Cmd::Data(DataCmd::Build { sources, tokenizer, out, val_permille }) => {
             data_build(sources, tokenizer, out, val_permille)
@@ -234,7 +246,7 @@ fn run() -> Result<()> {
             "--engine `{engine}`: this k3mini was built without the `train` feature (libtorch); allowed here: native"
         ),
         #[cfg(not(feature = "train"))]
-        Cmd::Init { .. } | Cmd::Train(_) | Cmd::Eval { .. } => bail!(
+        Cmd::Init { .. } | Cmd::Train(_) | Cmd::Distill(_) | Cmd::Eval { .. } => bail!(
             "this k3mini was built without the `train` feature (libtorch); use the binary that scripts/quickstart builds, \
              or build with `cargo build -p k3-cli --features train` inside the project venv (see README)"
         ),

@@ -55,7 +55,7 @@ pub fn logits(model_dir: &Path, ids: &[i64], out: &Path, engine: &str, threads: 
     Ok(())
 }
 
-pub fn train(a: &crate::TrainArgs) -> Result<()> {
+pub fn train(a: &crate::TrainArgs, distill: bool) -> Result<()> {
     use k3_train::trainer::{self, config::TrainConfig};
     let path = match (&a.config, a.resume) {
         (Some(p), _) => p.clone(),
@@ -65,8 +65,18 @@ pub fn train(a: &crate::TrainArgs) -> Result<()> {
         }
     };
     let cfg = TrainConfig::load(&path, &a.set)?;
+    if distill && cfg.distill.is_none() {
+        bail!(
+            "{}: `k3mini distill` needs a [distill] section (store = \"STORE\" from `k3mini capture`, or teacher = \"TEACHER.gguf\"); see docs/distillation.md",
+            path.display()
+        );
+    }
+    let teacher: Option<Box<dyn trainer::distill::Teacher>> = match cfg.distill.as_ref().and_then(|d| d.teacher.as_ref()) {
+        Some(p) => Some(Box::new(crate::teacher::EngineTeacher::load(p, cfg.train.threads.max(1))?)),
+        None => None,
+    };
     let opts = trainer::RunOptions { out: a.out.clone(), resume: a.resume, stop_at: a.stop_at };
-    let s = trainer::run(&cfg, &opts).with_context(|| format!("training in {}", a.out.display()))?;
+    let s = trainer::run_with_teacher(&cfg, &opts, teacher).with_context(|| format!("training in {}", a.out.display()))?;
     let val = s.val.as_ref().map_or("n/a".to_string(), |v| format!("{:.4} (ppl {:.2})", v.loss, v.perplexity()));
     println!(
         "step {} ({:.2}M tokens): train loss {:.4}, validation loss {val}, {:.0} tokens/s; checkpoint {}",

@@ -465,6 +465,13 @@ pub fn top_k(logprobs: &[f32], k: usize) -> TopK {
     }
 }
 
+/// `t` as a reader of the store gets it back (ids kept, log-probabilities quantized).
+pub fn decode_roundtrip(t: &TopK, header: &StoreHeader) -> TopK {
+    let mut b = Vec::with_capacity(header.bytes_per_position());
+    encode_topk(&mut b, t, header.wide());
+    decode_topk(&b, t.ids.len(), header.wide())
+}
+
 /// KL(p ‖ q̂) in nats of a dense distribution (log-probs) against its stored reconstruction: the
 /// decoded top-k, and the tail mass spread uniformly over the other tokens.
 pub fn reconstruction_kl(dense: &[f32], t: &TopK) -> f64 {

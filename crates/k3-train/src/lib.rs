@@ -10,6 +10,7 @@
 // a tensor autograd still needs (e.g. a caller's initial state). Keep the out-of-place form.
 #![allow(clippy::assign_op_pattern)]
 
+pub mod distill;
 pub mod ffn;
 pub mod kda;
 pub mod kda_ops;

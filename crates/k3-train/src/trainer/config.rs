@@ -32,6 +32,9 @@ pub struct TrainConfig {
     pub train: TrainSection,
     #[serde(default)]
     pub moe: MoeSection,
+    /// Knowledge distillation from a teacher (absent: plain next-token training).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distill: Option<DistillSection>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
@@ -147,6 +150,37 @@ pub struct TrainSection {
     /// Checkpoints kept (the newest).
     #[serde(default = "d_keep")]
     pub keep_checkpoints: usize,
+    /// A teacher-signal store over held-out windows (`k3mini capture --split val`): each
+    /// evaluation also reports KL to the teacher and top-1 agreement with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub val_signals: Option<PathBuf>,
+}
+
+/// `[distill]`: the loss is `kd_weight · KD + ce_weight · CE`, with KD a divergence against the
+/// teacher's top-k (see `crate::distill`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DistillSection {
+    /// Offline: a teacher-signal store captured over this dataset's train split (`k3mini capture`).
+    pub store: Option<PathBuf>,
+    /// Online: a teacher (GGUF or checkpoint) run in process on every batch.
+    pub teacher: Option<PathBuf>,
+    /// Online: top-k kept per position.
+    #[serde(default = "d_top_k")]
+    pub top_k: usize,
+    #[serde(default = "d_divergence")]
+    pub divergence: crate::distill::Divergence,
+    /// JSD's β.
+    #[serde(default = "d_jsd_beta")]
+    pub beta: f64,
+    #[serde(default = "one_f")]
+    pub temperature: f64,
+    /// The tail policy; default: the store's recommendation (online: uniform).
+    pub tail: Option<k3_data::signals::TailPolicy>,
+    #[serde(default = "one_f")]
+    pub kd_weight: f64,
+    #[serde(default)]
+    pub ce_weight: f64,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -231,6 +265,18 @@ fn d_eval_windows() -> usize {
 }
 fn d_keep() -> usize {
     3
+}
+fn d_top_k() -> usize {
+    32
+}
+fn d_divergence() -> crate::distill::Divergence {
+    crate::distill::Divergence::ForwardKl
+}
+fn d_jsd_beta() -> f64 {
+    0.5
+}
+fn one_f() -> f64 {
+    1.0
 }
 fn d_balance() -> Balance {
     Balance::AuxFree
@@ -353,6 +399,26 @@ impl TrainConfig {
         }
         if self.train.keep_checkpoints == 0 {
             return bad("train.keep_checkpoints", "must be at least 1");
+        }
+        if let Some(d) = &self.distill {
+            match (&d.store, &d.teacher) {
+                (None, None) => return bad("distill", "needs `store` (offline, from `k3mini capture`) or `teacher` (online)"),
+                (Some(_), Some(_)) => return bad("distill", "takes `store` or `teacher`, not both"),
+                _ => {}
+            }
+            if !(d.kd_weight >= 0.0 && d.ce_weight >= 0.0 && d.kd_weight + d.ce_weight > 0.0) {
+                return bad("distill.kd_weight / distill.ce_weight", "must be >= 0 and not both 0");
+            }
+            if d.top_k == 0 {
+                return bad("distill.top_k", "must be at least 1");
+            }
+            let l = crate::distill::KdLoss {
+                divergence: d.divergence,
+                beta: d.beta,
+                temperature: d.temperature,
+                tail: k3_data::signals::TailPolicy::Uniform,
+            };
+            l.validate().map_err(|e| Error::Invalid(format!("{origin}: {e}")))?;
         }
         Ok(())
     }

@@ -11,6 +11,7 @@ pub mod balance;
 pub mod batches;
 pub mod checkpoint;
 pub mod config;
+pub mod distill;
 pub mod eval;
 pub mod optim;
 pub mod report;
@@ -119,6 +120,15 @@ fn nan_error_at(what: &str, step: u64, run: &Path, place: Option<String>) -> Err
 
 /// Train (or continue training) a model as `cfg` says, in `opts.out`.
 pub fn run(cfg: &TrainConfig, opts: &RunOptions) -> Result<Summary> {
+    run_with_teacher(cfg, opts, None)
+}
+
+/// [`run`], with the in-process teacher that `[distill] teacher = ...` (online distillation) uses.
+pub fn run_with_teacher(
+    cfg: &TrainConfig,
+    opts: &RunOptions,
+    teacher: Option<Box<dyn distill::Teacher>>,
+) -> Result<Summary> {
     let run = opts.out.as_path();
     std::fs::create_dir_all(run).map_err(|e| Error::Invalid(format!("{}: {e}", run.display())))?;
     checkpoint::clean_partial(run);
@@ -148,9 +158,13 @@ pub fn run(cfg: &TrainConfig, opts: &RunOptions) -> Result<Summary> {
             let st = checkpoint::read_state(ckpt)?;
             let stored =
                 TrainConfig::from_toml(&st.config_toml, &[], &ckpt.join("trainer.json").display().to_string())?;
-            if stored.model != cfg.model || stored.data != cfg.data || stored.optim.kind != cfg.optim.kind {
+            if stored.model != cfg.model
+                || stored.data != cfg.data
+                || stored.optim.kind != cfg.optim.kind
+                || stored.distill != cfg.distill
+            {
                 return Err(Error::Invalid(format!(
-                    "--resume: the [model], [data] or optim.kind settings differ from the run's ({}); resume with the \
+                    "--resume: the [model], [data], [distill] or optim.kind settings differ from the run's ({}); resume with the \
                      run's own train.toml (omit --config) and change only schedule, train or optimiser rates",
                     ckpt.display()
                 )));
@@ -196,6 +210,17 @@ pub fn run(cfg: &TrainConfig, opts: &RunOptions) -> Result<Summary> {
     st.config_toml = cfg.to_toml();
     k3_format::safetensors_io::write_atomic(&run.join("train.toml"), st.config_toml.as_bytes())?;
 
+    let mut distiller =
+        cfg.distill.as_ref().map(|d| distill::Distiller::new(d, &ds, cfg.data.seq_len, teacher)).transpose()?;
+    let val_signals = match &cfg.train.val_signals {
+        Some(p) => {
+            let what = |e: k3_data::Error| Error::Invalid(format!("train.val_signals {}: {e}", p.display()));
+            let s = k3_data::signals::SignalStore::open(p).map_err(what)?;
+            s.check_tokenizer(&ds.meta.tokenizer_hash, s.header.vocab_size).map_err(what)?;
+            Some(s)
+        }
+        None => None,
+    };
     let total = cfg.train.steps;
     let stop = opts.stop_at.map_or(total, |s| s.min(total));
     let (b, t, accum) = (cfg.data.batch_size, cfg.data.seq_len, cfg.data.grad_accum);
@@ -219,14 +244,21 @@ pub fn run(cfg: &TrainConfig, opts: &RunOptions) -> Result<Summary> {
     let progress = Progress::new(st.step, total);
     let mut last_val = None;
     let evaluate = |model: &Model| eval::evaluate(model, &ds.val, t, cfg.train.eval_windows, b);
+    let teacher_fields = |model: &Model| -> Result<Vec<(&'static str, Value)>> {
+        Ok(match &val_signals {
+            Some(s) => {
+                let e = distill::evaluate_teacher(model, s, cfg.train.eval_windows, b)?;
+                vec![("val_teacher_kl", num(e.kl)), ("val_teacher_top1", num(e.top1))]
+            }
+            None => vec![],
+        })
+    };
     if st.step == 0 {
         let v = evaluate(&model)?;
-        metrics.write(&log_line(vec![
-            ("step", json!(0)),
-            ("tokens", json!(0)),
-            ("val_loss", num(v.loss)),
-            ("val_ppl", num(v.perplexity())),
-        ]))?;
+        let mut fields =
+            vec![("step", json!(0)), ("tokens", json!(0)), ("val_loss", num(v.loss)), ("val_ppl", num(v.perplexity()))];
+        fields.extend(teacher_fields(&model)?);
+        metrics.write(&log_line(fields))?;
         progress.say(&format!("step 0: validation loss {:.4} (ppl {:.1})", v.loss, v.perplexity()));
         last_val = Some(v);
     }
@@ -239,10 +271,25 @@ pub fn run(cfg: &TrainConfig, opts: &RunOptions) -> Result<Summary> {
         let lr = schedule::lr_at(&cfg.schedule, cfg.optim.lr, st.step, total);
         let mut stats = LoadStats::default();
         let mut step_loss = 0.0;
+        let mut kd_parts = [0.0f64; 3]; // KD, CE, top-1 agreement (distillation only)
         for micro in 0..accum as u64 {
-            let batch = batches::train_batch(&ds.train, cfg.data.seed, st.step, micro, b, t)?;
-            let out = model.forward(&batch.inputs, None, false);
-            let loss = out.logits.view([-1, vocab]).cross_entropy_for_logits(&batch.targets.reshape([-1]));
+            let (batch, out, loss) = match distiller.as_mut() {
+                Some(d) => {
+                    let kb = d.batch(&ds, cfg.data.seed, st.step, micro, b, t)?;
+                    let out = model.forward(&kb.batch.inputs, None, false);
+                    let l = d.losses(&out.logits, &kb);
+                    for (acc, x) in kd_parts.iter_mut().zip([l.kd, l.ce, l.top1]) {
+                        *acc += x / accum as f64;
+                    }
+                    (kb.batch, out, l.total)
+                }
+                None => {
+                    let batch = batches::train_batch(&ds.train, cfg.data.seed, st.step, micro, b, t)?;
+                    let out = model.forward(&batch.inputs, None, false);
+                    let loss = out.logits.view([-1, vocab]).cross_entropy_for_logits(&batch.targets.reshape([-1]));
+                    (batch, out, loss)
+                }
+            };
             let lv = loss.double_value(&[]);
             if !lv.is_finite() {
                 let mut place = first_non_finite(&model, &batch.inputs);
@@ -288,6 +335,11 @@ pub fn run(cfg: &TrainConfig, opts: &RunOptions) -> Result<Summary> {
                 ("grad_norm", num(grad_norm)),
                 ("tok_per_s", num((steps_here * tps) as f64 / step_seconds.max(1e-9))),
             ];
+            if distiller.is_some() {
+                fields.push(("kd", num(kd_parts[0])));
+                fields.push(("ce", num(kd_parts[1])));
+                fields.push(("teacher_top1", num(kd_parts[2])));
+            }
             let loads = stats.loads();
             if !loads.is_empty() {
                 let worst = loads
@@ -309,12 +361,14 @@ pub fn run(cfg: &TrainConfig, opts: &RunOptions) -> Result<Summary> {
             if !v.loss.is_finite() {
                 return Err(nan_error("validation loss", st.step - 1, run));
             }
-            metrics.write(&log_line(vec![
+            let mut fields = vec![
                 ("step", json!(st.step)),
                 ("tokens", json!(st.tokens)),
                 ("val_loss", num(v.loss)),
                 ("val_ppl", num(v.perplexity())),
-            ]))?;
+            ];
+            fields.extend(teacher_fields(&model)?);
+            metrics.write(&log_line(fields))?;
             metrics.plot(run, &title);
             progress.say(&format!("step {}: validation loss {:.4} (ppl {:.1})", st.step, v.loss, v.perplexity()));
             last_val = Some(v);

