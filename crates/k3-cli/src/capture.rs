@@ -22,9 +22,22 @@ use serde::{Deserialize, Serialize};
 
 #[derive(clap::Args)]
 pub struct CaptureArgs {
-    /// The teacher: a GGUF file or a Kimi checkpoint directory (with tokenizer.json).
+    /// The teacher: a GGUF file, a Kimi checkpoint directory (with tokenizer.json), or an
+    /// OpenAI-compatible endpoint `http://HOST:PORT/v1` (then give --tokenizer).
     #[arg(long)]
     pub teacher: PathBuf,
+    /// An endpoint teacher's tokenizer (its GGUF or tokenizer.json): maps returned tokens to ids.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// An endpoint teacher's model name (default: the first of /v1/models).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// An endpoint teacher: at most this many requests per second (0 = unlimited).
+    #[arg(long, default_value_t = 0.0)]
+    pub max_rps: f64,
+    /// An endpoint teacher: the environment variable holding the API key.
+    #[arg(long, default_value = "OPENAI_API_KEY")]
+    pub api_key_env: String,
     /// A dataset built with the teacher's tokenizer (`k3mini data build --tokenizer TEACHER.gguf`).
     #[arg(long)]
     pub data: PathBuf,
@@ -153,6 +166,11 @@ pub fn log_softmax(row: &mut [f32], temperature: f32) {
     }
 }
 
+enum Backend {
+    Engine(Box<Model>),
+    Endpoint(Box<crate::openai::EndpointTeacher>),
+}
+
 pub fn run(a: &CaptureArgs) -> Result<()> {
     if a.top_k == 0 || a.seq_len == 0 || !(a.temperature > 0.0) {
         bail!("--top-k, --seq-len and --temperature must be positive");
@@ -164,7 +182,12 @@ pub fn run(a: &CaptureArgs) -> Result<()> {
         "val" => &ds.val,
         other => bail!("--split `{other}`: allowed values are train, val"),
     };
-    let tok = teacher_tokenizer(&a.teacher)?;
+    let url = a.teacher.to_str().filter(|s| s.starts_with("http://") || s.starts_with("https://")).map(str::to_string);
+    let tok = match (&url, &a.tokenizer) {
+        (Some(_), Some(t)) => Tok::load(t).with_context(|| format!("--tokenizer {}", t.display()))?,
+        (Some(u), None) => bail!("--teacher {u} is an endpoint: give --tokenizer (the teacher's GGUF or tokenizer.json)"),
+        (None, _) => teacher_tokenizer(&a.teacher)?,
+    };
     if tok.hash != ds.meta.tokenizer_hash {
         bail!(
             "--data {}: the dataset was tokenized with {}… but the teacher {} uses {}…; the student learns the \
@@ -177,12 +200,29 @@ pub fn run(a: &CaptureArgs) -> Result<()> {
             a.teacher.display()
         );
     }
-    let (mut model, warnings) = Model::load(&a.teacher).with_context(|| format!("loading {}", a.teacher.display()))?;
-    for w in warnings {
-        eprintln!("warning: {w}");
-    }
-    model.compute = k3_infer::linear::Compute { threads: a.threads.max(1), exact: false };
-    let vocab = model.vocab_size();
+    let (mut backend, teacher_id) = match &url {
+        Some(u) => {
+            let key = std::env::var(&a.api_key_env).ok();
+            let mut e = crate::openai::Endpoint::connect(u, a.model.as_deref(), key, a.max_rps)?;
+            let p = crate::openai::probe(&mut e)?;
+            eprintln!("probe: alignment {:?} ({})", p.alignment, p.evidence);
+            let id = TeacherId { kind: "openai".into(), name: format!("{} {}", e.base, e.model), fingerprint: e.model.clone() };
+            (Backend::Endpoint(Box::new(crate::openai::EndpointTeacher::new(e, p.alignment, &tok)?)), id)
+        }
+        None => {
+            let (mut model, warnings) =
+                Model::load(&a.teacher).with_context(|| format!("loading {}", a.teacher.display()))?;
+            for w in warnings {
+                eprintln!("warning: {w}");
+            }
+            model.compute = k3_infer::linear::Compute { threads: a.threads.max(1), exact: false };
+            (Backend::Engine(Box::new(model)), teacher_identity(&a.teacher)?)
+        }
+    };
+    let vocab = match &backend {
+        Backend::Engine(m) => m.vocab_size(),
+        Backend::Endpoint(_) => tok.vocab_size,
+    };
     if vocab < ds.meta.vocab_size {
         bail!("the teacher's vocabulary ({vocab}) is smaller than its tokenizer's ({})", ds.meta.vocab_size);
     }
@@ -194,7 +234,7 @@ pub fn run(a: &CaptureArgs) -> Result<()> {
         top_k: a.top_k.min(vocab),
         temperature: a.temperature,
         tail,
-        teacher: teacher_identity(&a.teacher)?,
+        teacher: teacher_id,
         dataset: Some(format!("{}#{}", a.data.display(), a.split)),
         window: a.seq_len + 1,
     };
@@ -229,18 +269,33 @@ pub fn run(a: &CaptureArgs) -> Result<()> {
         let start = i * a.seq_len;
         set.read(start, a.seq_len + 1, &mut tokens);
         let t0 = Instant::now();
-        let mut st = model.new_state();
-        let mut logits = model.forward(&tokens[..a.seq_len], &mut st, Logits::All)?;
         let mut positions = Vec::with_capacity(a.seq_len);
         let mut kl = 0.0;
-        for row in logits.chunks_exact_mut(vocab) {
-            log_softmax(row, a.temperature);
-            let t = signals::top_k(row, w.header.top_k);
-            // What the store will give back (quantized), against the dense distribution.
-            let q = signals::decode_roundtrip(&t, &w.header);
-            kl += signals::reconstruction_kl(row, &q);
-            stats.tail_mass_sum += (t.tail_logmass as f64).exp();
-            positions.push(q);
+        match &mut backend {
+            Backend::Engine(model) => {
+                let mut st = model.new_state();
+                let mut logits = model.forward(&tokens[..a.seq_len], &mut st, Logits::All)?;
+                for row in logits.chunks_exact_mut(vocab) {
+                    log_softmax(row, a.temperature);
+                    let t = signals::top_k(row, w.header.top_k);
+                    // What the store will give back (quantized), against the dense distribution.
+                    let q = signals::decode_roundtrip(&t, &w.header);
+                    kl += signals::reconstruction_kl(row, &q);
+                    stats.tail_mass_sum += (t.tail_logmass as f64).exp();
+                    positions.push(q);
+                }
+            }
+            Backend::Endpoint(e) => {
+                let Some(got) = e.window(&tokens[..a.seq_len], w.header.top_k)? else {
+                    eprintln!("\nwindow {i}: the endpoint tokenized its text differently; skipped");
+                    continue;
+                };
+                for t in got {
+                    stats.tail_mass_sum += (t.tail_logmass as f64).exp();
+                    positions.push(signals::decode_roundtrip(&t, &w.header));
+                }
+                kl = f64::NAN;
+            }
         }
         stats.teacher_seconds += t0.elapsed().as_secs_f64();
         let rec = WindowRecord { index: i as u64, start: start as u64, tokens: tokens.clone(), positions };
@@ -253,11 +308,12 @@ pub fn run(a: &CaptureArgs) -> Result<()> {
             w.sync()?;
             write_stats(&a.out, &stats)?;
             let left = (total - i - 1) as f64 * t_start.elapsed().as_secs_f64() / done_here as f64;
+            let kl = stats.reconstruction_kl();
+            let kl = if kl.is_finite() { format!("{kl:.4} nats") } else { "n/a".into() };
             eprint!(
-                "\rwindow {}/{total}  {:.0} teacher tok/s  KL(teacher‖stored) {:.4} nats  eta {:.0}s   ",
+                "\rwindow {}/{total}  {:.0} teacher tok/s  KL(teacher‖stored) {kl}  eta {:.0}s   ",
                 i + 1,
                 stats.teacher_tokens_per_s(),
-                stats.reconstruction_kl(),
                 left
             );
         }
@@ -267,13 +323,23 @@ pub fn run(a: &CaptureArgs) -> Result<()> {
     stats.bytes = store.bytes;
     write_stats(&a.out, &stats)?;
     println!("store        {} ({} windows, {} positions)", a.out.display(), store.num_windows(), stats.positions);
-    println!("teacher      {} (sha256 {}…)", store.header.teacher.name, &store.header.teacher.fingerprint[..12]);
+    println!("teacher      {} ({})", store.header.teacher.name, &store.header.teacher.fingerprint);
     println!("top-k        {} of {vocab}, temperature {}, tail {:?}", store.header.top_k, a.temperature, tail);
     println!(
         "bytes/token  {:.1} (DistillKit publishes 114-300 for its compressed top-k)",
         store.bytes_per_token()
     );
-    println!("recon. KL    {:.5} nats/token (teacher vs what the store gives back, uniform tail)", stats.reconstruction_kl());
+    match &backend {
+        Backend::Engine(_) => println!(
+            "recon. KL    {:.5} nats/token (teacher vs what the store gives back, uniform tail)",
+            stats.reconstruction_kl()
+        ),
+        Backend::Endpoint(e) => println!(
+            "endpoint     {} requests, {} retries; {} windows retokenized differently (skipped), {} top-k entries \
+             not mappable to one id, {} token texts shared by several ids; recon. KL n/a (only the top-k is returned)",
+            e.endpoint.requests, e.endpoint.retries, e.retokenized_windows, e.unmapped_entries, e.ambiguous_texts
+        ),
+    }
     println!("tail mass    {:.4} (mean teacher probability outside the top-k)", stats.tail_mass_sum / stats.positions.max(1) as f64);
     println!("teacher      {:.1} tokens/s (batched prefill, all positions' logits)", stats.teacher_tokens_per_s());
     Ok(())

@@ -8,6 +8,7 @@
 mod bench_train;
 mod bench_infer;
 mod capture;
+mod openai;
 mod info;
 mod native;
 mod plot;
@@ -108,6 +109,20 @@ enum Cmd {
     },
     /// Run a teacher over a dataset's windows and store its top-k log-probabilities (resumable).
     Capture(capture::CaptureArgs),
+    /// Probe an OpenAI-compatible teacher endpoint: which log-probability features it really
+    /// returns, and whether echoed prompt log-probs are aligned, shifted by one, or unusable.
+    Probe {
+        /// e.g. http://127.0.0.1:8000/v1
+        #[arg(long)]
+        endpoint: String,
+        #[arg(long)]
+        model: Option<String>,
+        #[arg(long, default_value = "OPENAI_API_KEY")]
+        api_key_env: String,
+        /// Also write the report as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Draw one metric of several training runs against tokens, as a PNG.
     Plot(plot::PlotArgs),
     /// Benchmarks that print ratios against anchors measured in the same run.
@@ -236,6 +251,16 @@ fn run() -> Result<()> {
         Cmd::Bench(BenchCmd::Train) => bail!("bench train needs the `train` feature (libtorch)"),
         Cmd::Plot(a) => plot::run(&a),
         Cmd::Capture(a) => capture::run(&a),
+        Cmd::Probe { endpoint, model, api_key_env, json } => {
+            let mut e = openai::Endpoint::connect(&endpoint, model.as_deref(), std::env::var(&api_key_env).ok(), 0.0)?;
+            let p = openai::probe(&mut e)?;
+            let text = serde_json::to_string_pretty(&p)?;
+            println!("{text}");
+            if let Some(path) = json {
+                k3_format::safetensors_io::write_atomic(&path, text.as_bytes())?;
+            }
+            Ok(())
+        }
         Cmd::Generate(args) => native::generate(&args),
         Cmd::Data(DataCmd::Build { sources, tokenizer, out, val_permille }) => {
             data_build(sources, tokenizer, out, val_permille)

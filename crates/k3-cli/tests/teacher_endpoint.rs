@@ -1,0 +1,109 @@
+//! The OpenAI-compatible teacher against a real local server: llama-cpp-python's
+//! `python -m llama_cpp.server` serving the SmolLM2 GGUF (scripts/setup-llama-cpp installs it).
+//! The probe must find what that server really does (echo + logprobs, top-k keyed by string,
+//! prompt log-probs shifted by one), and a capture through it must agree with our in-process
+//! capture of the same windows. Skips with a message when the server is not installed.
+
+mod common;
+
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use k3_data::signals::SignalStore;
+use serde_json::Value;
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn server(py: &Path, gguf: &Path, port: u16) -> Option<Server> {
+    let ok = Command::new(py).args(["-c", "import llama_cpp.server.app"]).output().is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("skipped: llama-cpp-python's server is not installed; run scripts/setup-llama-cpp");
+        return None;
+    }
+    let child = Command::new(py)
+        .args(["-m", "llama_cpp.server", "--logits_all", "true", "--n_threads", "1", "--port", &port.to_string(), "--model"])
+        .arg(gguf)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn the server");
+    let s = Server(child);
+    let t0 = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(120), "the server did not start in 120 s");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Some(s)
+}
+
+#[test]
+fn probe_and_capture_through_llama_cpp_python_server() {
+    let (Some(py), Some(gguf)) = (python(), teacher()) else { return };
+    let port = 18000 + (std::process::id() % 1000) as u16;
+    let Some(_srv) = server(&py, &gguf, port) else { return };
+    let url = format!("http://127.0.0.1:{port}/v1");
+    let d = scratch("endpoint");
+
+    let out = run(k3mini().args(["probe", "--endpoint", &url, "--json"]).arg(d.join("probe.json")));
+    let p: Value = serde_json::from_str(&std::fs::read_to_string(d.join("probe.json")).expect("json")).expect("json");
+    assert_eq!(p["echo_logprobs"], true, "{out}");
+    assert_eq!(p["top_logprobs_keys"], "string", "{out}");
+    assert_eq!(p["alignment"], "shifted_by_one", "llama-cpp-python 0.3.36 shifts echoed log-probs: {out}");
+    assert_eq!(p["chat_logprobs"], true, "{out}");
+    eprintln!("{out}");
+
+    // A dataset in the teacher's tokenizer, from a directory of this repository's sources.
+    let ds = d.join("ds");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../k3-config/src");
+    run(k3mini()
+        .args(["data", "build", "--val-permille", "200", "--tokenizer"])
+        .arg(&gguf)
+        .arg("--out")
+        .arg(&ds)
+        .arg("--source")
+        .arg(format!("dir:{}", src.display())));
+    let cap = |teacher: &str, out: &PathBuf| {
+        let mut c = k3mini();
+        c.args(["capture", "--split", "train", "--windows", "3", "--seq-len", "48", "--top-k", "8", "--threads", "1"])
+            .args(["--teacher", teacher, "--tokenizer"])
+            .arg(&gguf)
+            .arg("--data")
+            .arg(&ds)
+            .arg("--out")
+            .arg(out);
+        run(&mut c)
+    };
+    let (e, l) = (d.join("endpoint"), d.join("local"));
+    let text = cap(&url, &e);
+    eprintln!("{text}");
+    cap(gguf.to_str().expect("utf-8 path"), &l);
+    let (se, sl) = (SignalStore::open(&e).expect("endpoint store"), SignalStore::open(&l).expect("local store"));
+    assert!(se.num_windows() >= 2, "windows 1 and 2 at least (window 0 may be retokenized): {text}");
+    let (mut same_top1, mut n, mut dlp) = (0, 0, 0.0f64);
+    for i in 0..se.num_windows() {
+        let we = se.window(i).expect("window");
+        let wl = (0..sl.num_windows()).map(|j| sl.window(j).expect("window")).find(|w| w.index == we.index).expect("same window");
+        assert_eq!(we.tokens, wl.tokens);
+        for (pe, pl) in we.positions.iter().zip(&wl.positions) {
+            n += 1;
+            if pe.ids[0] == pl.ids[0] {
+                same_top1 += 1;
+                dlp += (pe.logprobs[0] - pl.logprobs[0]).abs() as f64;
+            }
+        }
+    }
+    let agree = same_top1 as f64 / n as f64;
+    eprintln!("endpoint vs in-process: top-1 agreement {agree:.3} over {n} positions, mean |Δ top-1 logprob| {:.4}", dlp / same_top1.max(1) as f64);
+    assert!(agree > 0.9, "the shifted entries were re-aligned: top-1 agreement {agree}");
+    assert!(dlp / (same_top1.max(1) as f64) < 0.15, "and their log-probabilities match");
+}
