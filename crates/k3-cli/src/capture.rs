@@ -17,7 +17,7 @@ use anyhow::{bail, Context, Result};
 use k3_data::dataset::Dataset;
 use k3_data::signals::{self, SignalWriter, StoreHeader, TailPolicy, TeacherId, WindowRecord};
 use k3_data::tok::Tok;
-use k3_infer::{Logits, Model};
+use k3_infer::{Logits, Model, SamplerConfig};
 use serde::{Deserialize, Serialize};
 
 #[derive(clap::Args)]
@@ -39,8 +39,18 @@ pub struct CaptureArgs {
     #[arg(long, default_value = "OPENAI_API_KEY")]
     pub api_key_env: String,
     /// A dataset built with the teacher's tokenizer (`k3mini data build --tokenizer TEACHER.gguf`).
-    #[arg(long)]
-    pub data: PathBuf,
+    #[arg(long, required_unless_present = "prompts")]
+    pub data: Option<PathBuf>,
+    /// Instead of dataset windows: prompts (JSON lines with "prompt", or one per line) whose
+    /// answers the teacher generates, stored as trajectories with the top-k of every token.
+    #[arg(long, conflicts_with = "data")]
+    pub prompts: Option<PathBuf>,
+    /// Trajectories: at most this many generated tokens per prompt.
+    #[arg(long, default_value_t = 128)]
+    pub max_new: usize,
+    /// Trajectories: sampling temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.0)]
+    pub sample_temperature: f32,
     /// `train` or `val`.
     #[arg(long, default_value = "train")]
     pub split: String,
@@ -176,7 +186,11 @@ pub fn run(a: &CaptureArgs) -> Result<()> {
         bail!("--top-k, --seq-len and --temperature must be positive");
     }
     let tail = parse_tail(&a.tail)?;
-    let ds = Dataset::open(&a.data).with_context(|| format!("--data {}", a.data.display()))?;
+    if let Some(p) = &a.prompts {
+        return run_prompts(a, p, tail);
+    }
+    let data = a.data.as_ref().context("--data is required")?;
+    let ds = Dataset::open(data).with_context(|| format!("--data {}", data.display()))?;
     let set = match a.split.as_str() {
         "train" => &ds.train,
         "val" => &ds.val,
@@ -193,7 +207,7 @@ pub fn run(a: &CaptureArgs) -> Result<()> {
             "--data {}: the dataset was tokenized with {}… but the teacher {} uses {}…; the student learns the \
              teacher's distribution over the teacher's tokens, so rebuild the dataset with `k3mini data build \
              --tokenizer {}`",
-            a.data.display(),
+            data.display(),
             &ds.meta.tokenizer_hash[..12],
             a.teacher.display(),
             &tok.hash[..12],
@@ -235,7 +249,7 @@ pub fn run(a: &CaptureArgs) -> Result<()> {
         temperature: a.temperature,
         tail,
         teacher: teacher_id,
-        dataset: Some(format!("{}#{}", a.data.display(), a.split)),
+        dataset: Some(format!("{}#{}", data.display(), a.split)),
         window: a.seq_len + 1,
     };
     let mut w = SignalWriter::open(&a.out, header).with_context(|| format!("--out {}", a.out.display()))?;
@@ -342,5 +356,76 @@ pub fn run(a: &CaptureArgs) -> Result<()> {
     }
     println!("tail mass    {:.4} (mean teacher probability outside the top-k)", stats.tail_mass_sum / stats.positions.max(1) as f64);
     println!("teacher      {:.1} tokens/s (batched prefill, all positions' logits)", stats.teacher_tokens_per_s());
+    Ok(())
+}
+
+/// `--prompts`: trajectories (the teacher's answers with per-token top-k).
+fn run_prompts(a: &CaptureArgs, prompts: &Path, tail: TailPolicy) -> Result<()> {
+    let list = crate::trajectories::read_prompts(prompts)?;
+    let url = a.teacher.to_str().filter(|s| s.starts_with("http://") || s.starts_with("https://")).map(str::to_string);
+    let tok = match (&url, &a.tokenizer) {
+        (_, Some(t)) => Tok::load(t).with_context(|| format!("--tokenizer {}", t.display()))?,
+        (Some(u), None) => bail!("--teacher {u} is an endpoint: give --tokenizer (the teacher's GGUF or tokenizer.json)"),
+        (None, None) => teacher_tokenizer(&a.teacher)?,
+    };
+    let mut header = StoreHeader {
+        format: signals::FORMAT.into(),
+        version: signals::VERSION,
+        tokenizer_hash: tok.hash.clone(),
+        vocab_size: tok.vocab_size,
+        top_k: a.top_k,
+        temperature: 1.0,
+        tail,
+        teacher: TeacherId { kind: String::new(), name: String::new(), fingerprint: String::new() },
+        dataset: Some(format!("prompts:{}", prompts.display())),
+        window: 0,
+    };
+    let stats = match &url {
+        Some(u) => {
+            let key = std::env::var(&a.api_key_env).ok();
+            let mut e = crate::openai::Endpoint::connect(u, a.model.as_deref(), key, a.max_rps)?;
+            let p = crate::openai::probe(&mut e)?;
+            if !p.chat_logprobs {
+                bail!("{u}: the probe found no chat logprobs (logprobs.content[*].top_logprobs); trajectories need them");
+            }
+            header.teacher = TeacherId { kind: "openai".into(), name: format!("{} {}", e.base, e.model), fingerprint: e.model.clone() };
+            header.top_k = a.top_k.min(20);
+            let mut w = SignalWriter::open(&a.out, header)?;
+            let mut t = crate::openai::EndpointTeacher::new(e, crate::openai::Alignment::Aligned, &tok)?;
+            let (max_new, k, temp) = (a.max_new, w.header.top_k, a.sample_temperature);
+            crate::trajectories::capture(&mut w, &list, |p| {
+                let prompt_ids = tok.encode(p)?;
+                Ok(crate::trajectories::generate_endpoint(&mut t, p, max_new, k, temp)?.map(|(g, tops)| (prompt_ids, g, tops)))
+            })?
+        }
+        None => {
+            header.teacher = teacher_identity(&a.teacher)?;
+            let mut w = SignalWriter::open(&a.out, header)?;
+            let (mut model, _) = Model::load(&a.teacher).with_context(|| format!("loading {}", a.teacher.display()))?;
+            model.compute = k3_infer::linear::Compute { threads: a.threads.max(1), exact: false };
+            let chat = k3_infer::tokenizer::Tokenizer::for_model(&a.teacher)?
+                .with_context(|| format!("{}: no tokenizer for the chat template", a.teacher.display()))?;
+            let stop: Vec<u32> = chat.eos.into_iter().collect();
+            let sampling = SamplerConfig { temperature: a.sample_temperature, seed: 0, ..Default::default() };
+            let mut slot = Some(model);
+            let (max_new, k) = (a.max_new, w.header.top_k);
+            crate::trajectories::capture(&mut w, &list, |p| {
+                let ids = chat.encode(&chat.apply_chat(None, p)?)?;
+                let m = slot.take().context("the teacher model")?;
+                let (m, g, tops) = crate::trajectories::generate_engine(m, &ids, max_new, k, sampling.clone(), &stop)?;
+                slot = Some(m);
+                Ok(Some((ids, g, tops)))
+            })?
+        }
+    };
+    let store = signals::SignalStore::open(&a.out)?;
+    println!("store        {} ({} trajectories)", a.out.display(), store.trajectories);
+    println!(
+        "this run     {} answered, {} skipped, {} generated tokens, {:.1} tok/s",
+        stats.done,
+        stats.skipped,
+        stats.tokens,
+        stats.tokens as f64 / stats.seconds.max(1e-9)
+    );
     Ok(())
 }

@@ -8,6 +8,7 @@
 mod bench_train;
 mod bench_infer;
 mod capture;
+mod trajectories;
 mod openai;
 mod info;
 mod native;

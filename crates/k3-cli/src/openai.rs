@@ -322,34 +322,40 @@ impl EndpointTeacher {
                     return Ok(None);
                 }
             };
-            let (mut tids, mut lps) = (Vec::new(), Vec::new());
-            for (s, l) in top.iter().take(k) {
-                match self.by_text.get(s) {
-                    Some(&id) if !tids.contains(&id) => {
-                        tids.push(id);
-                        lps.push(*l);
-                    }
-                    _ => self.unmapped_entries += 1,
-                }
-            }
-            // Pad to k with "no information" entries far below the top-1 (the store needs k).
-            let mut pad = 0u32;
-            while tids.len() < k {
-                if !tids.contains(&pad) {
-                    tids.push(pad);
-                    lps.push(lps.first().copied().unwrap_or(0.0) - 15.9);
-                }
-                pad += 1;
-            }
-            let kept: f64 = lps.iter().map(|&l| (l as f64).exp()).sum();
-            let tail = (1.0 - kept).max(0.0);
-            out.push(TopK {
-                ids: tids,
-                logprobs: lps,
-                tail_logmass: if tail > 0.0 { tail.ln() as f32 } else { f32::NEG_INFINITY },
-            });
+            out.push(self.to_topk(&top, k));
         }
         Ok(Some(out))
+    }
+
+    /// The id of a returned token text.
+    pub fn id_of(&self, text: &str) -> Option<u32> {
+        self.by_text.get(text).copied()
+    }
+
+    /// Returned (text, log-prob) entries, best first, as a store position of exactly k ids.
+    pub fn to_topk(&mut self, entries: &[(String, f32)], k: usize) -> TopK {
+        let (mut tids, mut lps) = (Vec::new(), Vec::new());
+        for (s, l) in entries.iter().take(k) {
+            match self.by_text.get(s) {
+                Some(&id) if !tids.contains(&id) => {
+                    tids.push(id);
+                    lps.push(*l);
+                }
+                _ => self.unmapped_entries += 1,
+            }
+        }
+        // Pad to k with "no information" entries far below the top-1 (the store needs k).
+        let mut pad = 0u32;
+        while tids.len() < k {
+            if !tids.contains(&pad) {
+                tids.push(pad);
+                lps.push(lps.first().copied().unwrap_or(0.0) - 15.9);
+            }
+            pad += 1;
+        }
+        let kept: f64 = lps.iter().map(|&l| (l as f64).exp()).sum();
+        let tail = (1.0 - kept).max(0.0);
+        TopK { ids: tids, logprobs: lps, tail_logmass: if tail > 0.0 { tail.ln() as f32 } else { f32::NEG_INFINITY } }
     }
 
     /// The distribution after a one-token prompt: the generated token's `top_logprobs`.

@@ -106,4 +106,32 @@ fn probe_and_capture_through_llama_cpp_python_server() {
     eprintln!("endpoint vs in-process: top-1 agreement {agree:.3} over {n} positions, mean |Δ top-1 logprob| {:.4}", dlp / same_top1.max(1) as f64);
     assert!(agree > 0.9, "the shifted entries were re-aligned: top-1 agreement {agree}");
     assert!(dlp / (same_top1.max(1) as f64) < 0.15, "and their log-probabilities match");
+
+    // Trajectories: the teacher's greedy answers with per-token top-k, in process and via chat.
+    let prompts = d.join("prompts.jsonl");
+    std::fs::write(&prompts, "{\"prompt\": \"Write a Python function that adds two numbers.\"}\n").expect("prompts");
+    let traj = |teacher: &str, out: &PathBuf| {
+        let mut c = k3mini();
+        c.args(["capture", "--max-new", "12", "--top-k", "8", "--threads", "1", "--teacher", teacher, "--tokenizer"])
+            .arg(&gguf)
+            .arg("--prompts")
+            .arg(&prompts)
+            .arg("--out")
+            .arg(out);
+        run(&mut c)
+    };
+    let (te, tl) = (d.join("traj-endpoint"), d.join("traj-local"));
+    traj(&url, &te);
+    traj(gguf.to_str().expect("utf-8 path"), &tl);
+    let again = traj(&url, &te);
+    assert!(again.contains("0 answered"), "a finished capture does not repeat prompts: {again}");
+    for store in [&te, &tl] {
+        let s = SignalStore::open(store).expect("store");
+        assert_eq!(s.trajectories, 1);
+        let t = s.trajectory(0).expect("trajectory");
+        assert!(!t.generated.is_empty() && t.positions.len() == t.generated.len(), "{store:?}");
+        // Greedy: each generated token is its position's top-1.
+        let top1 = t.generated.iter().zip(&t.positions).filter(|(g, p)| p.ids[0] == **g).count();
+        assert!(top1 * 10 >= t.generated.len() * 9, "{store:?}: {top1}/{} generated tokens are the top-1", t.generated.len());
+    }
 }

@@ -104,6 +104,14 @@ pub struct WindowRecord {
     pub positions: Vec<TopK>,
 }
 
+/// A prompt, the teacher's continuation, and its top-k at every generated token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Trajectory {
+    pub prompt: Vec<u32>,
+    pub generated: Vec<u32>,
+    pub positions: Vec<TopK>,
+}
+
 fn crc32(b: &[u8]) -> u32 {
     let mut h = crc32fast::Hasher::new();
     h.update(b);
@@ -337,6 +345,14 @@ impl SignalWriter {
 
     /// A trajectory: the prompt, the teacher's continuation and its top-k per generated token.
     pub fn append_trajectory(&mut self, prompt: &[u32], generated: &[u32], positions: &[TopK]) -> Result<()> {
+        if positions.len() != generated.len() || positions.iter().any(|p| p.ids.len() != self.header.top_k) {
+            return Err(Error::Invalid(format!(
+                "trajectory: {} generated tokens need as many top-{} positions, got {}",
+                generated.len(),
+                self.header.top_k,
+                positions.len()
+            )));
+        }
         let mut p = Vec::new();
         p.extend_from_slice(&(prompt.len() as u32).to_le_bytes());
         p.extend_from_slice(&(generated.len() as u32).to_le_bytes());
@@ -377,6 +393,8 @@ pub struct SignalStore {
     maps: Vec<Mmap>,
     /// (shard, payload range) of every window record, in window-index order.
     windows: Vec<(usize, std::ops::Range<usize>)>,
+    /// (shard, payload range) of every trajectory record, in the order written.
+    trajectory_records: Vec<(usize, std::ops::Range<usize>)>,
     pub trajectories: usize,
     pub router_stats: usize,
     /// Bytes of all valid records.
@@ -389,6 +407,7 @@ impl SignalStore {
         let mut maps = Vec::new();
         let mut windows: Vec<(u64, usize, std::ops::Range<usize>)> = Vec::new();
         let (mut trajectories, mut router_stats, mut bytes) = (0, 0, 0u64);
+        let mut trajectory_records = Vec::new();
         for (i, p) in shards(dir).iter().enumerate() {
             let f = File::open(p).map_err(io_err(p))?;
             // SAFETY: read-only mapping; writers only append past the valid prefix we index.
@@ -401,7 +420,10 @@ impl SignalStore {
                         let idx = u64::from_le_bytes(m[range.start..range.start + 8].try_into().unwrap_or_default());
                         windows.push((idx, i, range));
                     }
-                    1 => trajectories += 1,
+                    1 => {
+                        trajectories += 1;
+                        trajectory_records.push((i, range));
+                    }
                     2 => router_stats += 1,
                     _ => {}
                 }
@@ -413,7 +435,7 @@ impl SignalStore {
             return Err(Error::Invalid(format!("{}: a window is stored twice; the store is corrupt", dir.display())));
         }
         let windows = windows.into_iter().map(|(_, s, r)| (s, r)).collect();
-        Ok(Self { dir: dir.to_path_buf(), header, maps, windows, trajectories, router_stats, bytes })
+        Ok(Self { dir: dir.to_path_buf(), header, maps, windows, trajectory_records, trajectories, router_stats, bytes })
     }
 
     /// Check the store against the tokenizer the student uses.
@@ -442,9 +464,27 @@ impl SignalStore {
         self.header.decode_window(&self.maps[*s][r.clone()])
     }
 
+    /// Trajectory `i` (in the order captured).
+    pub fn trajectory(&self, i: usize) -> Result<Trajectory> {
+        let (s, r) = &self.trajectory_records[i];
+        let p = &self.maps[*s][r.clone()];
+        let bad = || Error::Invalid(format!("{}: trajectory record {i} is shorter than its fields", self.dir.display()));
+        let u32_at = |o: usize| p.get(o..o + 4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        let (np, ng) = (u32_at(0).ok_or_else(bad)? as usize, u32_at(4).ok_or_else(bad)? as usize);
+        let ids: Vec<u32> = (0..np + ng).map(|j| u32_at(8 + 4 * j)).collect::<Option<_>>().ok_or_else(bad)?;
+        let body = p.get(8 + 4 * (np + ng)..).ok_or_else(bad)?;
+        let per = self.header.bytes_per_position();
+        if body.len() != ng * per {
+            return Err(bad());
+        }
+        let positions = body.chunks_exact(per).map(|b| decode_topk(b, self.header.top_k, self.header.wide())).collect();
+        Ok(Trajectory { prompt: ids[..np].to_vec(), generated: ids[np..].to_vec(), positions })
+    }
+
     /// Bytes per predicted position, all records included.
     pub fn bytes_per_token(&self) -> f64 {
-        let positions: usize = (0..self.windows.len()).map(|_| self.header.window - 1).sum();
+        let traj: usize = (0..self.trajectory_records.len()).map(|i| self.trajectory(i).map_or(0, |t| t.generated.len())).sum();
+        let positions: usize = self.windows.len() * self.header.window.saturating_sub(1) + traj;
         self.bytes as f64 / positions.max(1) as f64
     }
 }
@@ -559,11 +599,16 @@ mod tests {
         let mut w = SignalWriter::open(&d, h.clone()).expect("reopen");
         assert_eq!(w.last_window, Some(2));
         w.append_window(&win(3)).expect("append");
-        w.append_trajectory(&[1, 2], &[3, 4, 5], &[top_k(&dense(300, 99), 8)]).expect("traj");
+        let tops: Vec<TopK> = (0..3).map(|j| top_k(&dense(300, 99 + j), 8)).collect();
+        assert!(w.append_trajectory(&[1, 2], &[3, 4, 5], &tops[..1]).is_err(), "one top-k per generated token");
+        w.append_trajectory(&[1, 2], &[3, 4, 5], &tops).expect("traj");
         w.append_router_stats(&[(3, vec![1.0, 2.0])]).expect("router");
         w.sync().expect("sync");
         let s = SignalStore::open(&d).expect("open");
         assert_eq!((s.num_windows(), s.trajectories, s.router_stats), (4, 1, 1));
+        let t = s.trajectory(0).expect("trajectory");
+        assert_eq!((t.prompt.as_slice(), t.generated.as_slice()), (&[1u32, 2][..], &[3u32, 4, 5][..]));
+        assert_eq!(t.positions.iter().map(|p| p.ids.clone()).collect::<Vec<_>>(), tops.iter().map(|p| p.ids.clone()).collect::<Vec<_>>());
         for i in 0..4 {
             let got = s.window(i).expect("window");
             let want = win(i as u64);

@@ -1,0 +1,138 @@
+//! `k3mini capture --prompts FILE`: the teacher's answers to prompts, with its top-k at every
+//! generated token, as trajectory records of a teacher-signal store.
+//!
+//! In process the engine prefills the chat-templated prompt and decodes token by token (greedy, or
+//! sampled with `--sample-temperature`), keeping each step's top-k. Through an endpoint it is one
+//! `/v1/chat/completions` with `logprobs` + `top_logprobs` per prompt, token strings mapped back to
+//! ids. Prompts are done in file order; re-running skips the ones already stored.
+
+use std::io::BufRead;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use k3_data::signals::{self, SignalWriter, TopK};
+use k3_infer::{Engine, Logits, Model, Sampler, SamplerConfig};
+use serde_json::{json, Value};
+
+/// Prompts from a file: JSON lines with a `prompt` string, or plain text lines.
+pub fn read_prompts(path: &Path) -> Result<Vec<String>> {
+    let f = std::fs::File::open(path).with_context(|| format!("--prompts {}", path.display()))?;
+    let mut out = Vec::new();
+    for (n, line) in std::io::BufReader::new(f).lines().enumerate() {
+        let line = line.with_context(|| format!("{}: line {}", path.display(), n + 1))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<Value>(&line) {
+            Ok(Value::Object(o)) => match o.get("prompt").and_then(Value::as_str) {
+                Some(p) => out.push(p.to_string()),
+                None => bail!("{}: line {}: a JSON line needs a \"prompt\" string", path.display(), n + 1),
+            },
+            _ => out.push(line),
+        }
+    }
+    if out.is_empty() {
+        bail!("--prompts {}: no prompts (JSON lines with \"prompt\", or one prompt per line)", path.display());
+    }
+    Ok(out)
+}
+
+/// The engine's answer to `prompt` (ids): up to `max_new` tokens and each step's top-k.
+pub fn generate_engine(
+    model: Model,
+    prompt: &[u32],
+    max_new: usize,
+    k: usize,
+    sampling: SamplerConfig,
+    stop: &[u32],
+) -> Result<(Model, Vec<u32>, Vec<TopK>)> {
+    let mut engine = Engine::new(model);
+    let seq = engine.add_sequence();
+    let mut sampler = Sampler::new(sampling);
+    let mut logits = engine.feed(seq, prompt, Logits::Last)?;
+    let (mut generated, mut tops) = (Vec::new(), Vec::new());
+    while generated.len() < max_new && engine.tokens(seq)?.len() < engine.model.n_ctx {
+        let mut lp = logits.clone();
+        crate::capture::log_softmax(&mut lp, 1.0);
+        let next = sampler.sample(&logits, engine.tokens(seq)?);
+        tops.push(signals::top_k(&lp, k));
+        generated.push(next);
+        if stop.contains(&next) {
+            break;
+        }
+        logits = engine.feed(seq, &[next], Logits::Last)?;
+    }
+    Ok((engine.model, generated, tops))
+}
+
+/// An endpoint's chat answer, mapped to ids: `None` when a token cannot be mapped.
+pub fn generate_endpoint(
+    t: &mut crate::openai::EndpointTeacher,
+    prompt: &str,
+    max_new: usize,
+    k: usize,
+    temperature: f32,
+) -> Result<Option<(Vec<u32>, Vec<TopK>)>> {
+    let body = json!({"model": t.endpoint.model, "messages": [{"role": "user", "content": prompt}],
+                      "max_tokens": max_new, "temperature": temperature, "logprobs": true,
+                      "top_logprobs": k.min(20)});
+    let v = t.endpoint.post("/v1/chat/completions", &body)?;
+    let Some(content) = v["choices"][0]["logprobs"]["content"].as_array() else {
+        bail!("{}: the chat response has no logprobs.content (the endpoint does not return chat logprobs)", t.endpoint.base)
+    };
+    let (mut ids, mut tops) = (Vec::new(), Vec::new());
+    for c in content {
+        let Some(id) = c["token"].as_str().and_then(|s| t.id_of(s)) else { return Ok(None) };
+        ids.push(id);
+        let entries: Vec<(String, f32)> = c["top_logprobs"]
+            .as_array()
+            .map(|a| {
+                a.iter().filter_map(|e| Some((e["token"].as_str()?.to_string(), e["logprob"].as_f64()? as f32))).collect()
+            })
+            .unwrap_or_default();
+        tops.push(t.to_topk(&entries, k));
+    }
+    Ok(Some((ids, tops)))
+}
+
+pub struct TrajectoryStats {
+    pub done: usize,
+    pub skipped: usize,
+    pub tokens: usize,
+    pub seconds: f64,
+}
+
+/// Capture trajectories for `prompts[w.counts[1]..]` into `w`.
+pub fn capture(
+    w: &mut SignalWriter,
+    prompts: &[String],
+    mut gen: impl FnMut(&str) -> Result<Option<(Vec<u32>, Vec<u32>, Vec<TopK>)>>,
+) -> Result<TrajectoryStats> {
+    let first = w.counts[1];
+    let mut st = TrajectoryStats { done: 0, skipped: 0, tokens: 0, seconds: 0.0 };
+    if first > 0 {
+        eprintln!("continuing after {first} stored trajectories");
+    }
+    for (i, p) in prompts.iter().enumerate().skip(first) {
+        let t0 = std::time::Instant::now();
+        match gen(p)? {
+            Some((prompt_ids, generated, tops)) => {
+                let q: Vec<TopK> = tops.iter().map(|t| signals::decode_roundtrip(t, &w.header)).collect();
+                w.append_trajectory(&prompt_ids, &generated, &q)?;
+                w.sync()?;
+                st.done += 1;
+                st.tokens += generated.len();
+            }
+            None => {
+                // Recorded empty, so a resumed capture still knows this prompt was tried.
+                w.append_trajectory(&[], &[], &[])?;
+                st.skipped += 1;
+                eprintln!("\nprompt {}: the answer's tokens could not be mapped to ids; skipped", i + 1);
+            }
+        }
+        st.seconds += t0.elapsed().as_secs_f64();
+        eprint!("\rprompt {}/{}  {:.1} generated tok/s   ", i + 1, prompts.len(), st.tokens as f64 / st.seconds.max(1e-9));
+    }
+    eprintln!();
+    Ok(st)
+}
