@@ -243,7 +243,8 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
         }
         plot_series.push((format!("ours, {n} thr"), ours.decode.clone()));
         if let Some(l) = &llama {
-            let pts: Vec<(usize, f64)> = ours.decode.iter().filter_map(|(c, _)| Some((*c, get("decode", *c)?))).collect();
+            let pts: Vec<(usize, f64)> =
+                ours.decode.iter().filter_map(|(c, _)| Some((*c, get("decode", *c)?))).collect();
             plot_series.push((format!("llama.cpp, {n} thr"), pts));
             let _ = l;
         }

@@ -182,7 +182,7 @@ enum Backend {
 }
 
 pub fn run(a: &CaptureArgs) -> Result<()> {
-    if a.top_k == 0 || a.seq_len == 0 || !(a.temperature > 0.0) {
+    if a.top_k == 0 || a.seq_len == 0 || a.temperature.is_nan() || a.temperature <= 0.0 {
         bail!("--top-k, --seq-len and --temperature must be positive");
     }
     let tail = parse_tail(&a.tail)?;
@@ -199,7 +199,9 @@ pub fn run(a: &CaptureArgs) -> Result<()> {
     let url = a.teacher.to_str().filter(|s| s.starts_with("http://") || s.starts_with("https://")).map(str::to_string);
     let tok = match (&url, &a.tokenizer) {
         (Some(_), Some(t)) => Tok::load(t).with_context(|| format!("--tokenizer {}", t.display()))?,
-        (Some(u), None) => bail!("--teacher {u} is an endpoint: give --tokenizer (the teacher's GGUF or tokenizer.json)"),
+        (Some(u), None) => {
+            bail!("--teacher {u} is an endpoint: give --tokenizer (the teacher's GGUF or tokenizer.json)")
+        }
         (None, _) => teacher_tokenizer(&a.teacher)?,
     };
     if tok.hash != ds.meta.tokenizer_hash {
@@ -220,7 +222,11 @@ pub fn run(a: &CaptureArgs) -> Result<()> {
             let mut e = crate::openai::Endpoint::connect(u, a.model.as_deref(), key, a.max_rps)?;
             let p = crate::openai::probe(&mut e)?;
             eprintln!("probe: alignment {:?} ({})", p.alignment, p.evidence);
-            let id = TeacherId { kind: "openai".into(), name: format!("{} {}", e.base, e.model), fingerprint: e.model.clone() };
+            let id = TeacherId {
+                kind: "openai".into(),
+                name: format!("{} {}", e.base, e.model),
+                fingerprint: e.model.clone(),
+            };
             (Backend::Endpoint(Box::new(crate::openai::EndpointTeacher::new(e, p.alignment, &tok)?)), id)
         }
         None => {
@@ -318,7 +324,7 @@ pub fn run(a: &CaptureArgs) -> Result<()> {
         stats.positions += a.seq_len as u64;
         stats.reconstruction_kl_sum += kl;
         done_here += 1;
-        if done_here % a.sync_every.max(1) == 0 || i + 1 == total {
+        if done_here.is_multiple_of(a.sync_every.max(1)) || i + 1 == total {
             w.sync()?;
             write_stats(&a.out, &stats)?;
             let left = (total - i - 1) as f64 * t_start.elapsed().as_secs_f64() / done_here as f64;
@@ -339,10 +345,7 @@ pub fn run(a: &CaptureArgs) -> Result<()> {
     println!("store        {} ({} windows, {} positions)", a.out.display(), store.num_windows(), stats.positions);
     println!("teacher      {} ({})", store.header.teacher.name, &store.header.teacher.fingerprint);
     println!("top-k        {} of {vocab}, temperature {}, tail {:?}", store.header.top_k, a.temperature, tail);
-    println!(
-        "bytes/token  {:.1} (DistillKit publishes 114-300 for its compressed top-k)",
-        store.bytes_per_token()
-    );
+    println!("bytes/token  {:.1} (DistillKit publishes 114-300 for its compressed top-k)", store.bytes_per_token());
     match &backend {
         Backend::Engine(_) => println!(
             "recon. KL    {:.5} nats/token (teacher vs what the store gives back, uniform tail)",
@@ -354,7 +357,10 @@ pub fn run(a: &CaptureArgs) -> Result<()> {
             e.endpoint.requests, e.endpoint.retries, e.retokenized_windows, e.unmapped_entries, e.ambiguous_texts
         ),
     }
-    println!("tail mass    {:.4} (mean teacher probability outside the top-k)", stats.tail_mass_sum / stats.positions.max(1) as f64);
+    println!(
+        "tail mass    {:.4} (mean teacher probability outside the top-k)",
+        stats.tail_mass_sum / stats.positions.max(1) as f64
+    );
     println!("teacher      {:.1} tokens/s (batched prefill, all positions' logits)", stats.teacher_tokens_per_s());
     Ok(())
 }
@@ -365,7 +371,9 @@ fn run_prompts(a: &CaptureArgs, prompts: &Path, tail: TailPolicy) -> Result<()> 
     let url = a.teacher.to_str().filter(|s| s.starts_with("http://") || s.starts_with("https://")).map(str::to_string);
     let tok = match (&url, &a.tokenizer) {
         (_, Some(t)) => Tok::load(t).with_context(|| format!("--tokenizer {}", t.display()))?,
-        (Some(u), None) => bail!("--teacher {u} is an endpoint: give --tokenizer (the teacher's GGUF or tokenizer.json)"),
+        (Some(u), None) => {
+            bail!("--teacher {u} is an endpoint: give --tokenizer (the teacher's GGUF or tokenizer.json)")
+        }
         (None, None) => teacher_tokenizer(&a.teacher)?,
     };
     let mut header = StoreHeader {
@@ -386,16 +394,23 @@ fn run_prompts(a: &CaptureArgs, prompts: &Path, tail: TailPolicy) -> Result<()> 
             let mut e = crate::openai::Endpoint::connect(u, a.model.as_deref(), key, a.max_rps)?;
             let p = crate::openai::probe(&mut e)?;
             if !p.chat_logprobs {
-                bail!("{u}: the probe found no chat logprobs (logprobs.content[*].top_logprobs); trajectories need them");
+                bail!(
+                    "{u}: the probe found no chat logprobs (logprobs.content[*].top_logprobs); trajectories need them"
+                );
             }
-            header.teacher = TeacherId { kind: "openai".into(), name: format!("{} {}", e.base, e.model), fingerprint: e.model.clone() };
+            header.teacher = TeacherId {
+                kind: "openai".into(),
+                name: format!("{} {}", e.base, e.model),
+                fingerprint: e.model.clone(),
+            };
             header.top_k = a.top_k.min(20);
             let mut w = SignalWriter::open(&a.out, header)?;
             let mut t = crate::openai::EndpointTeacher::new(e, crate::openai::Alignment::Aligned, &tok)?;
             let (max_new, k, temp) = (a.max_new, w.header.top_k, a.sample_temperature);
             crate::trajectories::capture(&mut w, &list, |p| {
                 let prompt_ids = tok.encode(p)?;
-                Ok(crate::trajectories::generate_endpoint(&mut t, p, max_new, k, temp)?.map(|(g, tops)| (prompt_ids, g, tops)))
+                Ok(crate::trajectories::generate_endpoint(&mut t, p, max_new, k, temp)?
+                    .map(|(g, tops)| (prompt_ids, g, tops)))
             })?
         }
         None => {

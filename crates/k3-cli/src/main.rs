@@ -4,19 +4,19 @@
 //! `generate`, `quantize`. With the `train` feature (libtorch through tch): `init`,
 //! `logits --engine torch`.
 
+mod bench_infer;
 #[cfg(feature = "train")]
 mod bench_train;
-mod bench_infer;
 mod capture;
-mod trajectories;
-mod openai;
 mod info;
 mod native;
+mod openai;
 mod plot;
 #[cfg(feature = "train")]
 mod teacher;
 #[cfg(feature = "train")]
 mod torch_cmds;
+mod trajectories;
 
 use std::path::PathBuf;
 

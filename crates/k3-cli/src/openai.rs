@@ -21,6 +21,9 @@ use k3_data::tok::Tok;
 use serde::Serialize;
 use serde_json::{json, Value};
 
+/// A token's text and the top-k entries (text, log-prob; best first) the server gave with it.
+pub type EchoEntry = (String, Option<Vec<(String, f32)>>);
+
 pub struct Endpoint {
     pub base: String,
     pub model: String,
@@ -43,7 +46,10 @@ impl Endpoint {
             bail!("{url}: an OpenAI-compatible endpoint URL starts with http://");
         }
         let base = url.trim_end_matches('/').trim_end_matches("/v1").to_string();
-        let agent = ureq::AgentBuilder::new().timeout_connect(Duration::from_secs(10)).timeout(Duration::from_secs(600)).build();
+        let agent = ureq::AgentBuilder::new()
+            .timeout_connect(Duration::from_secs(10))
+            .timeout(Duration::from_secs(600))
+            .build();
         let min_interval = if max_rps > 0.0 { Duration::from_secs_f64(1.0 / max_rps) } else { Duration::ZERO };
         let mut e = Self {
             base,
@@ -123,12 +129,14 @@ impl Endpoint {
     }
 
     /// Legacy completions with `echo` + `logprobs`: per prompt position (token string, top-k map).
-    pub fn echo(&mut self, prompt: &str, k: usize) -> Result<Vec<(String, Option<Vec<(String, f32)>>)>> {
+    pub fn echo(&mut self, prompt: &str, k: usize) -> Result<Vec<EchoEntry>> {
         let body = json!({"model": self.model, "prompt": prompt, "max_tokens": 1, "temperature": 0,
                           "echo": true, "logprobs": k});
         let v = self.post("/v1/completions", &body)?;
         let lp = &v["choices"][0]["logprobs"];
-        let tokens = lp["tokens"].as_array().context("the response has no choices[0].logprobs.tokens (echo + logprobs unsupported)")?;
+        let tokens = lp["tokens"]
+            .as_array()
+            .context("the response has no choices[0].logprobs.tokens (echo + logprobs unsupported)")?;
         let tops = lp["top_logprobs"].as_array().context("the response has no choices[0].logprobs.top_logprobs")?;
         Ok(tokens
             .iter()
@@ -182,7 +190,7 @@ const COUNTING: &str = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 1
 
 /// Decide the alignment from an echoed near-certain text: count positions in its second half
 /// where the entry gives the token at i (aligned) or at i + 1 (shifted) a log-probability above −1.
-pub fn alignment(echo: &[(String, Option<Vec<(String, f32)>>)]) -> (Alignment, String) {
+pub fn alignment(echo: &[EchoEntry]) -> (Alignment, String) {
     let n = echo.len();
     let (mut same, mut next, mut total) = (0, 0, 0);
     for i in n / 2..n.saturating_sub(1) {
@@ -322,7 +330,7 @@ impl EndpointTeacher {
                     return Ok(None);
                 }
             };
-            out.push(self.to_topk(&top, k));
+            out.push(self.entries_to_topk(&top, k));
         }
         Ok(Some(out))
     }
@@ -333,7 +341,7 @@ impl EndpointTeacher {
     }
 
     /// Returned (text, log-prob) entries, best first, as a store position of exactly k ids.
-    pub fn to_topk(&mut self, entries: &[(String, f32)], k: usize) -> TopK {
+    pub fn entries_to_topk(&mut self, entries: &[(String, f32)], k: usize) -> TopK {
         let (mut tids, mut lps) = (Vec::new(), Vec::new());
         for (s, l) in entries.iter().take(k) {
             match self.by_text.get(s) {

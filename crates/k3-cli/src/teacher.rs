@@ -17,7 +17,8 @@ pub struct EngineTeacher {
 impl EngineTeacher {
     pub fn load(path: &Path, threads: usize) -> Result<Self> {
         let tok = crate::capture::teacher_tokenizer(path)?;
-        let (mut model, warnings) = Model::load(path).with_context(|| format!("loading the teacher {}", path.display()))?;
+        let (mut model, warnings) =
+            Model::load(path).with_context(|| format!("loading the teacher {}", path.display()))?;
         for w in warnings {
             eprintln!("warning: {w}");
         }

@@ -78,7 +78,10 @@ pub fn generate_endpoint(
                       "top_logprobs": k.min(20)});
     let v = t.endpoint.post("/v1/chat/completions", &body)?;
     let Some(content) = v["choices"][0]["logprobs"]["content"].as_array() else {
-        bail!("{}: the chat response has no logprobs.content (the endpoint does not return chat logprobs)", t.endpoint.base)
+        bail!(
+            "{}: the chat response has no logprobs.content (the endpoint does not return chat logprobs)",
+            t.endpoint.base
+        )
     };
     let (mut ids, mut tops) = (Vec::new(), Vec::new());
     for c in content {
@@ -87,10 +90,12 @@ pub fn generate_endpoint(
         let entries: Vec<(String, f32)> = c["top_logprobs"]
             .as_array()
             .map(|a| {
-                a.iter().filter_map(|e| Some((e["token"].as_str()?.to_string(), e["logprob"].as_f64()? as f32))).collect()
+                a.iter()
+                    .filter_map(|e| Some((e["token"].as_str()?.to_string(), e["logprob"].as_f64()? as f32)))
+                    .collect()
             })
             .unwrap_or_default();
-        tops.push(t.to_topk(&entries, k));
+        tops.push(t.entries_to_topk(&entries, k));
     }
     Ok(Some((ids, tops)))
 }
@@ -131,7 +136,12 @@ pub fn capture(
             }
         }
         st.seconds += t0.elapsed().as_secs_f64();
-        eprint!("\rprompt {}/{}  {:.1} generated tok/s   ", i + 1, prompts.len(), st.tokens as f64 / st.seconds.max(1e-9));
+        eprint!(
+            "\rprompt {}/{}  {:.1} generated tok/s   ",
+            i + 1,
+            prompts.len(),
+            st.tokens as f64 / st.seconds.max(1e-9)
+        );
     }
     eprintln!();
     Ok(st)

@@ -79,7 +79,8 @@ fn capture_resumes_after_kill_and_distillation_learns_from_the_store() {
 
     // The same capture killed with SIGKILL in the middle, then run again.
     let b = d.join("store-b");
-    let mut child = capture(&teacher, &ds, &b, "train", n).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("spawn");
+    let mut child =
+        capture(&teacher, &ds, &b, "train", n).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("spawn");
     let t0 = Instant::now();
     let shard = b.join("sig-00000.bin");
     while std::fs::metadata(&shard).map_or(0, |m| m.len()) < 20_000 {
@@ -107,7 +108,8 @@ fn capture_resumes_after_kill_and_distillation_learns_from_the_store() {
     let e = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && e.contains("--tokenizer"), "{e}");
     let bad = write_config(&d, "bad", &other, &format!("steps = 2\n[distill]\nstore = \"{}\"\n", a.display()));
-    let out = k3mini().arg("distill").arg("--config").arg(&bad).arg("--out").arg(d.join("bad")).output().expect("spawn");
+    let out =
+        k3mini().arg("distill").arg("--config").arg(&bad).arg("--out").arg(d.join("bad")).output().expect("spawn");
     let e = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && e.contains("tokenizer") && e.contains("store-a"), "{e}");
 
@@ -148,7 +150,8 @@ fn capture_resumes_after_kill_and_distillation_learns_from_the_store() {
     run(k3mini().arg("distill").arg("--config").arg(&ocfg).arg("--out").arg(d.join("online")));
     assert!(last(&d.join("online"), "kd").is_finite());
     // `distill` without a [distill] section says what is missing.
-    let out = k3mini().arg("distill").arg("--config").arg(&scfg).arg("--out").arg(d.join("nod")).output().expect("spawn");
+    let out =
+        k3mini().arg("distill").arg("--config").arg(&scfg).arg("--out").arg(d.join("nod")).output().expect("spawn");
     let e = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && e.contains("[distill]"), "{e}");
 }

@@ -31,7 +31,17 @@ fn server(py: &Path, gguf: &Path, port: u16) -> Option<Server> {
         return None;
     }
     let child = Command::new(py)
-        .args(["-m", "llama_cpp.server", "--logits_all", "true", "--n_threads", "1", "--port", &port.to_string(), "--model"])
+        .args([
+            "-m",
+            "llama_cpp.server",
+            "--logits_all",
+            "true",
+            "--n_threads",
+            "1",
+            "--port",
+            &port.to_string(),
+            "--model",
+        ])
         .arg(gguf)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -92,7 +102,10 @@ fn probe_and_capture_through_llama_cpp_python_server() {
     let (mut same_top1, mut n, mut dlp) = (0, 0, 0.0f64);
     for i in 0..se.num_windows() {
         let we = se.window(i).expect("window");
-        let wl = (0..sl.num_windows()).map(|j| sl.window(j).expect("window")).find(|w| w.index == we.index).expect("same window");
+        let wl = (0..sl.num_windows())
+            .map(|j| sl.window(j).expect("window"))
+            .find(|w| w.index == we.index)
+            .expect("same window");
         assert_eq!(we.tokens, wl.tokens);
         for (pe, pl) in we.positions.iter().zip(&wl.positions) {
             n += 1;
@@ -103,7 +116,10 @@ fn probe_and_capture_through_llama_cpp_python_server() {
         }
     }
     let agree = same_top1 as f64 / n as f64;
-    eprintln!("endpoint vs in-process: top-1 agreement {agree:.3} over {n} positions, mean |Δ top-1 logprob| {:.4}", dlp / same_top1.max(1) as f64);
+    eprintln!(
+        "endpoint vs in-process: top-1 agreement {agree:.3} over {n} positions, mean |Δ top-1 logprob| {:.4}",
+        dlp / same_top1.max(1) as f64
+    );
     assert!(agree > 0.9, "the shifted entries were re-aligned: top-1 agreement {agree}");
     assert!(dlp / (same_top1.max(1) as f64) < 0.15, "and their log-probabilities match");
 
@@ -132,6 +148,10 @@ fn probe_and_capture_through_llama_cpp_python_server() {
         assert!(!t.generated.is_empty() && t.positions.len() == t.generated.len(), "{store:?}");
         // Greedy: each generated token is its position's top-1.
         let top1 = t.generated.iter().zip(&t.positions).filter(|(g, p)| p.ids[0] == **g).count();
-        assert!(top1 * 10 >= t.generated.len() * 9, "{store:?}: {top1}/{} generated tokens are the top-1", t.generated.len());
+        assert!(
+            top1 * 10 >= t.generated.len() * 9,
+            "{store:?}: {top1}/{} generated tokens are the top-1",
+            t.generated.len()
+        );
     }
 }

@@ -147,7 +147,11 @@ fn decode_topk(b: &[u8], k: usize, wide: bool) -> TopK {
     let w = if wide { 5 } else { 3 };
     let (mut ids, mut logprobs) = (Vec::with_capacity(k), Vec::with_capacity(k));
     for e in b[4..4 + k * w].chunks_exact(w) {
-        ids.push(if wide { u32::from_le_bytes([e[0], e[1], e[2], e[3]]) } else { u16::from_le_bytes([e[0], e[1]]) as u32 });
+        ids.push(if wide {
+            u32::from_le_bytes([e[0], e[1], e[2], e[3]])
+        } else {
+            u16::from_le_bytes([e[0], e[1]]) as u32
+        });
         logprobs.push(top - e[w - 1] as f32 * LP_STEP);
     }
     TopK { ids, logprobs, tail_logmass: tail }
@@ -435,7 +439,16 @@ impl SignalStore {
             return Err(Error::Invalid(format!("{}: a window is stored twice; the store is corrupt", dir.display())));
         }
         let windows = windows.into_iter().map(|(_, s, r)| (s, r)).collect();
-        Ok(Self { dir: dir.to_path_buf(), header, maps, windows, trajectory_records, trajectories, router_stats, bytes })
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            header,
+            maps,
+            windows,
+            trajectory_records,
+            trajectories,
+            router_stats,
+            bytes,
+        })
     }
 
     /// Check the store against the tokenizer the student uses.
@@ -468,7 +481,8 @@ impl SignalStore {
     pub fn trajectory(&self, i: usize) -> Result<Trajectory> {
         let (s, r) = &self.trajectory_records[i];
         let p = &self.maps[*s][r.clone()];
-        let bad = || Error::Invalid(format!("{}: trajectory record {i} is shorter than its fields", self.dir.display()));
+        let bad =
+            || Error::Invalid(format!("{}: trajectory record {i} is shorter than its fields", self.dir.display()));
         let u32_at = |o: usize| p.get(o..o + 4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
         let (np, ng) = (u32_at(0).ok_or_else(bad)? as usize, u32_at(4).ok_or_else(bad)? as usize);
         let ids: Vec<u32> = (0..np + ng).map(|j| u32_at(8 + 4 * j)).collect::<Option<_>>().ok_or_else(bad)?;
@@ -483,7 +497,8 @@ impl SignalStore {
 
     /// Bytes per predicted position, all records included.
     pub fn bytes_per_token(&self) -> f64 {
-        let traj: usize = (0..self.trajectory_records.len()).map(|i| self.trajectory(i).map_or(0, |t| t.generated.len())).sum();
+        let traj: usize =
+            (0..self.trajectory_records.len()).map(|i| self.trajectory(i).map_or(0, |t| t.generated.len())).sum();
         let positions: usize = self.windows.len() * self.header.window.saturating_sub(1) + traj;
         self.bytes as f64 / positions.max(1) as f64
     }
@@ -594,7 +609,8 @@ mod tests {
         // A torn record (a crash mid-append) is dropped on reopen, and capture continues after 2.
         let shard = shard_path(&d, 0);
         let mut bytes = std::fs::read(&shard).expect("read");
-        bytes.extend_from_slice(&bytes[..30].to_vec());
+        let head = bytes[..30].to_vec();
+        bytes.extend_from_slice(&head);
         std::fs::write(&shard, &bytes).expect("tear");
         let mut w = SignalWriter::open(&d, h.clone()).expect("reopen");
         assert_eq!(w.last_window, Some(2));
@@ -608,7 +624,10 @@ mod tests {
         assert_eq!((s.num_windows(), s.trajectories, s.router_stats), (4, 1, 1));
         let t = s.trajectory(0).expect("trajectory");
         assert_eq!((t.prompt.as_slice(), t.generated.as_slice()), (&[1u32, 2][..], &[3u32, 4, 5][..]));
-        assert_eq!(t.positions.iter().map(|p| p.ids.clone()).collect::<Vec<_>>(), tops.iter().map(|p| p.ids.clone()).collect::<Vec<_>>());
+        assert_eq!(
+            t.positions.iter().map(|p| p.ids.clone()).collect::<Vec<_>>(),
+            tops.iter().map(|p| p.ids.clone()).collect::<Vec<_>>()
+        );
         for i in 0..4 {
             let got = s.window(i).expect("window");
             let want = win(i as u64);
@@ -625,7 +644,7 @@ mod tests {
         other.top_k = 4;
         let e = SignalWriter::open(&d, other).err().expect("refused").to_string();
         assert!(e.contains("different teacher"), "{e}");
-        let e = s.check_tokenizer(&"cd".repeat(32), 300).err().expect("mismatch").to_string();
+        let e = s.check_tokenizer(&"cd".repeat(32), 300).expect_err("mismatch").to_string();
         assert!(e.contains("teacher's tokenizer"), "{e}");
         std::fs::remove_dir_all(&d).ok();
     }

@@ -7,7 +7,7 @@ fn main() {
     for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
         let w = rng.normals(rows * cols, 0.4);
         let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
-        let p = Packed::pack(ty, rows, cols, &data).unwrap();
+        let p = Packed::pack(ty, rows, cols, &data).expect("a packable type");
         for t in [1usize, 64] {
             let x = rng.normals(t * cols, 1.0);
             let a = QActs::quantize(&x, t, cols);

@@ -107,13 +107,33 @@ pub fn gqa_attend(
         let (r, hh) = (i / hq, i % hq);
         // SAFETY: task (r, hh) writes only its own [D] slice.
         let oh = unsafe { o.slice((r * hq + hh) * d, d) };
-        attend_one(oh, &q[(r * hq + hh) * d..(r * hq + hh + 1) * d], kc, vc, hh / (hq / hkv), hkv, d, past + r + 1, f16_kq);
+        attend_one(
+            oh,
+            &q[(r * hq + hh) * d..(r * hq + hh + 1) * d],
+            kc,
+            vc,
+            hh / (hq / hkv),
+            hkv,
+            d,
+            past + r + 1,
+            f16_kq,
+        );
     });
 }
 
 /// One query head against the first `n` cache positions of KV head `kvh`.
 #[allow(clippy::too_many_arguments)]
-fn attend_one(out: &mut [f32], q: &[f32], kc: &[f32], vc: &[f32], kvh: usize, hkv: usize, d: usize, n: usize, f16_kq: bool) {
+fn attend_one(
+    out: &mut [f32],
+    q: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+    kvh: usize,
+    hkv: usize,
+    d: usize,
+    n: usize,
+    f16_kq: bool,
+) {
     let scale = 1.0 / (d as f32).sqrt();
     let mut qv = q.to_vec();
     if f16_kq {

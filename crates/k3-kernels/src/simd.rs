@@ -180,7 +180,10 @@ mod x86 {
             v.extend([65520.0, 1e-8, -0.0, 6.1e-5, 2049.0, 2051.0]);
             let want: Vec<f32> = v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect();
             super::super::round_f16_inplace(&mut v);
-            assert_eq!(v.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+            assert_eq!(
+                v.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+            );
         }
 
         #[test]

@@ -45,10 +45,10 @@ pub struct KdLoss {
 
 impl KdLoss {
     pub fn validate(&self) -> Result<()> {
-        if self.divergence == Divergence::Jsd && !(self.beta > 0.0 && self.beta < 1.0) {
+        if self.divergence == Divergence::Jsd && (self.beta.is_nan() || self.beta <= 0.0 || self.beta >= 1.0) {
             return Err(Error::Invalid(format!("distill.beta = {}: JSD needs 0 < beta < 1", self.beta)));
         }
-        if !(self.temperature > 0.0) {
+        if self.temperature.is_nan() || self.temperature <= 0.0 {
             return Err(Error::Invalid(format!("distill.temperature = {}: must be > 0", self.temperature)));
         }
         Ok(())

@@ -121,7 +121,7 @@ impl Packed {
             GgmlType::Q8_0 => Kind::Q8_0,
             _ => return None,
         };
-        if cols % BLOCK != 0 {
+        if !cols.is_multiple_of(BLOCK) {
             return None;
         }
         let nb = cols / BLOCK;

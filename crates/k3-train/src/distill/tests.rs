@@ -165,8 +165,8 @@ fn the_loss_is_zero_when_the_student_is_the_teacher() {
 fn bad_settings_are_refused() {
     let mut l = loss(Divergence::Jsd, TailPolicy::Uniform, 1.0);
     l.beta = 1.0;
-    assert!(l.validate().unwrap_err().to_string().contains("beta"));
+    assert!(l.validate().expect_err("refused").to_string().contains("beta"));
     l.beta = 0.5;
     l.temperature = 0.0;
-    assert!(l.validate().unwrap_err().to_string().contains("temperature"));
+    assert!(l.validate().expect_err("refused").to_string().contains("temperature"));
 }

@@ -402,7 +402,9 @@ impl TrainConfig {
         }
         if let Some(d) = &self.distill {
             match (&d.store, &d.teacher) {
-                (None, None) => return bad("distill", "needs `store` (offline, from `k3mini capture`) or `teacher` (online)"),
+                (None, None) => {
+                    return bad("distill", "needs `store` (offline, from `k3mini capture`) or `teacher` (online)")
+                }
                 (Some(_), Some(_)) => return bad("distill", "takes `store` or `teacher`, not both"),
                 _ => {}
             }

@@ -28,7 +28,7 @@ pub trait Teacher {
 }
 
 pub enum Source {
-    Store(SignalStore),
+    Store(Box<SignalStore>),
     Online(Box<dyn Teacher>),
 }
 
@@ -97,7 +97,7 @@ impl Distiller {
             (Some(p), _) => {
                 let store = open_store(p, ds, t)?;
                 let (tail, temp) = (store.header.tail, store.header.temperature as f64);
-                (Source::Store(store), tail, temp)
+                (Source::Store(Box::new(store)), tail, temp)
             }
             (None, Some(teacher)) => {
                 let (hash, _) = teacher.tokenizer();
@@ -116,7 +116,12 @@ impl Distiller {
                 ))
             }
         };
-        let loss = KdLoss { divergence: d.divergence, beta: d.beta, temperature: d.temperature, tail: d.tail.unwrap_or(default_tail) };
+        let loss = KdLoss {
+            divergence: d.divergence,
+            beta: d.beta,
+            temperature: d.temperature,
+            tail: d.tail.unwrap_or(default_tail),
+        };
         loss.validate()?;
         Ok(Self { source, loss, kd_weight: d.kd_weight, ce_weight: d.ce_weight, top_k: d.top_k, capture_temperature })
     }
@@ -142,9 +147,16 @@ impl Distiller {
             Source::Online(teacher) => {
                 let batch = crate::trainer::batches::train_batch(&ds.train, seed, step, micro, b, t)?;
                 let rows: Vec<Vec<u32>> = (0..b as i64)
-                    .map(|r| Vec::<i64>::try_from(&batch.inputs.get(r)).unwrap_or_default().iter().map(|&x| x as u32).collect())
+                    .map(|r| {
+                        Vec::<i64>::try_from(&batch.inputs.get(r))
+                            .unwrap_or_default()
+                            .iter()
+                            .map(|&x| x as u32)
+                            .collect()
+                    })
                     .collect();
-                let tops = teacher.top_k(&rows, self.top_k).map_err(|e| Error::Invalid(format!("distill.teacher: {e}")))?;
+                let tops =
+                    teacher.top_k(&rows, self.top_k).map_err(|e| Error::Invalid(format!("distill.teacher: {e}")))?;
                 (batch, tops.into_iter().flatten().collect())
             }
         };
