@@ -107,6 +107,10 @@ enum Cmd {
         /// Also write the results as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
+        /// A teacher-signal store over held-out windows (`k3mini capture --split val`): also report
+        /// KL to the teacher and top-1 agreement with it.
+        #[arg(long)]
+        signals: Option<PathBuf>,
     },
     /// Run a teacher over a dataset's windows and store its top-k log-probabilities (resumable).
     Capture(capture::CaptureArgs),
@@ -242,8 +246,8 @@ fn run() -> Result<()> {
         #[cfg(feature = "train")]
         Cmd::Distill(args) => torch_cmds::train(&args, true),
         #[cfg(feature = "train")]
-        Cmd::Eval { model, data, context, windows, batch, threads, json } => {
-            torch_cmds::eval(&model, &data, &context, windows, batch, threads, json.as_deref())
+        Cmd::Eval { model, data, context, windows, batch, threads, json, signals } => {
+            torch_cmds::eval(&model, &data, &context, windows, batch, threads, json.as_deref(), signals.as_deref())
         }
         Cmd::Bench(BenchCmd::Infer(a)) => bench_infer::run(&a),
         #[cfg(feature = "train")]

@@ -91,6 +91,7 @@ pub fn train(a: &crate::TrainArgs, distill: bool) -> Result<()> {
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)] // one per CLI flag
 pub fn eval(
     model_dir: &Path,
     data: &Path,
@@ -99,6 +100,7 @@ pub fn eval(
     batch: usize,
     threads: Option<usize>,
     json: Option<&Path>,
+    signals: Option<&Path>,
 ) -> Result<()> {
     if let Some(n) = threads {
         tch::set_num_threads(n as i32);
@@ -133,8 +135,27 @@ pub fn eval(
         );
         results.push(r);
     }
+    let teacher = match signals {
+        Some(p) => {
+            let s = k3_data::signals::SignalStore::open(p).with_context(|| format!("--signals {}", p.display()))?;
+            s.check_tokenizer(&ds.meta.tokenizer_hash, s.header.vocab_size)?;
+            let e = k3_train::trainer::distill::evaluate_teacher(&model, &s, windows, batch)?;
+            println!(
+                "teacher: KL(teacher || student) {:.4} nats/token, top-1 agreement {:.4} ({} positions of {})",
+                e.kl,
+                e.top1,
+                e.positions,
+                p.display()
+            );
+            Some(e)
+        }
+        None => None,
+    };
     if let Some(p) = json {
-        let text = serde_json::to_string_pretty(&results)?;
+        let text = match teacher {
+            Some(t) => serde_json::to_string_pretty(&serde_json::json!({"contexts": results, "teacher": t}))?,
+            None => serde_json::to_string_pretty(&results)?,
+        };
         k3_format::safetensors_io::write_atomic(p, text.as_bytes())?;
     }
     Ok(())

@@ -137,7 +137,7 @@ impl Kda {
 
         let mut o = vec![0f32; t * w];
         if t == 1 {
-            core::kda_step(&mut o, &q, &k, &v, &g, &beta, &mut st.s, kd, kd);
+            core::kda_step_fused(&mut o, &q, &k, &v, &g, &beta, &mut st.s, kd, kd, cx.threads);
         } else {
             core::kda_chunk(&mut o, &q, &k, &v, &g, &beta, &mut st.s, h, kd, kd, CHUNK);
         }

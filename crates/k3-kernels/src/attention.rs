@@ -50,14 +50,14 @@ pub fn mla_attend_ref(
 
 /// A raw output pointer for tasks that write disjoint rows.
 #[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
+pub(crate) struct OutPtr(pub(crate) *mut f32);
 // SAFETY: used only for disjoint writes inside one `Pool::run`.
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 impl OutPtr {
     /// # Safety
     /// `off..off + n` must be in bounds and written by this task alone.
-    unsafe fn slice<'a>(self, off: usize, n: usize) -> &'a mut [f32] {
+    pub(crate) unsafe fn slice<'a>(self, off: usize, n: usize) -> &'a mut [f32] {
         std::slice::from_raw_parts_mut(self.0.add(off), n)
     }
 }

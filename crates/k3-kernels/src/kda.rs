@@ -1,6 +1,8 @@
 //! The KDA delta rule in pure Rust (architecture.md §1(a), §1(e)), mirroring fla's trio:
 //! - [`kda_recurrent_ref`]: the specification, a per-token loop;
-//! - [`kda_step`]: one token, in place on the state (decode);
+//! - [`kda_step`]: one token, in place on the state (decode), written as the equations read;
+//! - [`kda_step_fused`]: the same step in two passes over the state instead of four, SIMD,
+//!   heads in parallel (the engine's decode path);
 //! - [`kda_chunk`]: the chunked WY form for prefill; exp is only taken of G_c − G_j ≤ 0.
 //!
 //! Layouts: q, k, g: [T, H, K]; v, o: [T, H, V]; beta: [T, H]; state: [H, K, V] (row = key
@@ -51,6 +53,54 @@ pub fn kda_step(
             crate::ops::axpy(oh, qh[i] * scale, &st[i * vd..(i + 1) * vd]);
         }
     }
+}
+
+/// [`kda_step`] fused: per head, pass 1 decays each state row and accumulates u = Sᵀk in the same
+/// sweep; then δ = β(v − u); pass 2 adds k_i δ to each row and accumulates o += (scale q_i) S_i
+/// while the row is in cache. Heads run on `threads` pool threads.
+///
+/// # Shapes
+/// q, k, g: [H, K]; v: [H, V]; beta: [H]; s: [H, K, V]; o: [H, V]
+#[allow(clippy::too_many_arguments)]
+pub fn kda_step_fused(
+    o: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    s: &mut [f32],
+    kd: usize,
+    vd: usize,
+    threads: usize,
+) {
+    let h = beta.len();
+    let scale = 1.0 / (kd as f32).sqrt();
+    let threads = if h * kd * vd < 1 << 14 { 1 } else { threads };
+    let (sp, op) = (crate::attention::OutPtr(s.as_mut_ptr()), crate::attention::OutPtr(o.as_mut_ptr()));
+    crate::threads::Pool::global().run(threads, h, &|hh| {
+        // SAFETY: head hh owns state rows [hh·K·V, (hh+1)·K·V) and outputs [hh·V, (hh+1)·V).
+        let st = unsafe { sp.slice(hh * kd * vd, kd * vd) };
+        let oh = unsafe { op.slice(hh * vd, vd) };
+        let (qh, kh, gh) = (&q[hh * kd..(hh + 1) * kd], &k[hh * kd..(hh + 1) * kd], &g[hh * kd..(hh + 1) * kd]);
+        let mut u = vec![0f32; vd];
+        for i in 0..kd {
+            let row = &mut st[i * vd..(i + 1) * vd];
+            let a = gh[i].exp();
+            row.iter_mut().for_each(|x| *x *= a);
+            crate::simd::axpy(&mut u, kh[i], row);
+        }
+        let b = beta[hh];
+        for (uj, &vj) in u.iter_mut().zip(&v[hh * vd..(hh + 1) * vd]) {
+            *uj = b * (vj - *uj);
+        }
+        oh.iter_mut().for_each(|x| *x = 0.0);
+        for i in 0..kd {
+            let row = &mut st[i * vd..(i + 1) * vd];
+            crate::simd::axpy(row, kh[i], &u);
+            crate::simd::axpy(oh, qh[i] * scale, row);
+        }
+    });
 }
 
 /// The token-by-token reference over T tokens.
@@ -184,6 +234,25 @@ mod tests {
         let beta: Vec<f32> = (0..t * h).map(|_| r.uniform()).collect();
         let s0 = r.normals(h * kd * vd, 0.1);
         [q, k, v, g, beta, s0]
+    }
+
+    #[test]
+    fn fused_step_matches_the_reference_step() {
+        for &(h, kd, vd, threads) in &[(2, 16, 24, 1), (3, 64, 64, 2), (8, 128, 128, 2)] {
+            let t = 6;
+            let [q, k, v, g, beta, s0] = inputs(t, h, kd, vd, 0.5, (h * kd) as u64);
+            let (mut s1, mut s2) = (s0.clone(), s0);
+            for r in 0..t {
+                let (a, b) = (r * h * kd, (r + 1) * h * kd);
+                let (c, d) = (r * h * vd, (r + 1) * h * vd);
+                let (mut o1, mut o2) = (vec![0.0; h * vd], vec![1.0; h * vd]);
+                let bt = &beta[r * h..(r + 1) * h];
+                kda_step(&mut o1, &q[a..b], &k[a..b], &v[c..d], &g[a..b], bt, &mut s1, kd, vd);
+                kda_step_fused(&mut o2, &q[a..b], &k[a..b], &v[c..d], &g[a..b], bt, &mut s2, kd, vd, threads);
+                assert_close_ratio(&format!("o H={h} K={kd} step {r}"), &o2, &o1, Tol::KDA_CHUNK);
+            }
+            assert_close_ratio(&format!("S H={h} K={kd}"), &s2, &s1, Tol::KDA_CHUNK);
+        }
     }
 
     #[test]

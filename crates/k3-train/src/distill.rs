@@ -25,6 +25,9 @@ use tch::{Kind, Tensor};
 
 use crate::{Error, Result};
 
+/// The smallest tail log-mass a loss sees.
+pub const TAIL_FLOOR: f64 = -20.0;
+
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
 pub enum Divergence {
@@ -87,7 +90,10 @@ impl SparseTargets {
         }
         let ids = Tensor::from_slice(&ids).view([n, k as i64]);
         let lp = Tensor::from_slice(&lp).view([n, k as i64]);
-        let tail = Tensor::from_slice(&tail).view([n, 1]);
+        // A tail of exactly 0 (a top-k holding all the mass, up to rounding) would make the
+        // uniform-tail and reverse terms 0·(−∞); floor it at e^-20 (2e-9), far below anything a
+        // loss can feel.
+        let tail = Tensor::from_slice(&tail).view([n, 1]).clamp_min(TAIL_FLOOR);
         // Re-temper (s = τ_c / τ) and renormalise support + tail together; this also removes the
         // drift of the store's quantisation.
         let s = capture_temperature / temperature;

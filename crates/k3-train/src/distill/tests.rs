@@ -170,3 +170,25 @@ fn bad_settings_are_refused() {
     l.temperature = 0.0;
     assert!(l.validate().expect_err("refused").to_string().contains("temperature"));
 }
+
+#[test]
+fn a_zero_tail_gives_finite_losses_and_gradients() {
+    // A peaked teacher whose top-k holds all the mass (tail stored as −inf).
+    let s = rand(12, 2.0);
+    let mut tops: Vec<TopK> = (0..N).map(|_| top_k(&vec![0.0; V as usize], 4)).collect();
+    for (i, t) in tops.iter_mut().enumerate() {
+        t.logprobs = vec![-0.1, -2.5, -4.0, -6.0];
+        t.ids = vec![i as u32, 7, 9, 11];
+        t.tail_logmass = f32::NEG_INFINITY;
+    }
+    let t = targets(&tops, 1.0, 1.0);
+    for d in ALL {
+        for p in POLICIES {
+            let z = s.detach().set_requires_grad(true);
+            let l = sparse_divergence(&z, &t, &loss(d, p, 1.0));
+            l.backward();
+            let g = z.grad().abs().max().double_value(&[]);
+            assert!(val(&l).is_finite() && g.is_finite(), "{d:?} {p:?}: loss {} grad {g}", val(&l));
+        }
+    }
+}
