@@ -63,6 +63,10 @@ pub struct CaptureArgs {
     /// Windows to capture in all (fewer if the split is shorter); re-running continues.
     #[arg(long, default_value_t = 64)]
     pub windows: usize,
+    /// `spread`: windows sampled over the whole split by a fixed permutation (any prefix of the
+    /// capture is a spread sample); `sequential`: from the split's beginning.
+    #[arg(long, default_value = "spread")]
+    pub order: String,
     /// The teacher's distribution is softmax(logits / temperature).
     #[arg(long, default_value_t = 1.0)]
     pub temperature: f32,
@@ -186,6 +190,11 @@ pub fn run(a: &CaptureArgs) -> Result<()> {
         bail!("--top-k, --seq-len and --temperature must be positive");
     }
     let tail = parse_tail(&a.tail)?;
+    let order = match a.order.as_str() {
+        "spread" => signals::WindowOrder::Spread,
+        "sequential" => signals::WindowOrder::Sequential,
+        other => bail!("--order `{other}`: allowed values are spread, sequential"),
+    };
     if let Some(p) = &a.prompts {
         return run_prompts(a, p, tail);
     }
@@ -257,6 +266,7 @@ pub fn run(a: &CaptureArgs) -> Result<()> {
         teacher: teacher_id,
         dataset: Some(format!("{}#{}", data.display(), a.split)),
         window: a.seq_len + 1,
+        window_order: order,
     };
     let mut w = SignalWriter::open(&a.out, header).with_context(|| format!("--out {}", a.out.display()))?;
     let mut stats = read_stats(&a.out);
@@ -286,7 +296,7 @@ pub fn run(a: &CaptureArgs) -> Result<()> {
     let t_start = Instant::now();
     let mut done_here = 0usize;
     for i in first..total {
-        let start = i * a.seq_len;
+        let start = order.slot(i, available) * a.seq_len;
         set.read(start, a.seq_len + 1, &mut tokens);
         let t0 = Instant::now();
         let mut positions = Vec::with_capacity(a.seq_len);
@@ -387,6 +397,7 @@ fn run_prompts(a: &CaptureArgs, prompts: &Path, tail: TailPolicy) -> Result<()> 
         teacher: TeacherId { kind: String::new(), name: String::new(), fingerprint: String::new() },
         dataset: Some(format!("prompts:{}", prompts.display())),
         window: 0,
+        window_order: signals::WindowOrder::Sequential,
     };
     let stats = match &url {
         Some(u) => {

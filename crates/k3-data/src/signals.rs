@@ -74,6 +74,45 @@ pub struct StoreHeader {
     pub dataset: Option<String>,
     /// Tokens per teacher-forced window (inputs + the last target).
     pub window: usize,
+    /// Which slots of the split the windows cover, in capture order.
+    #[serde(default)]
+    pub window_order: WindowOrder,
+}
+
+/// The order in which a capture visits the split's window slots (slot s = tokens [s·T, s·T+T+1)).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum WindowOrder {
+    /// Slot i for window i: the split's beginning first (its first documents only).
+    #[default]
+    Sequential,
+    /// A fixed permutation of all slots (window i → slot (i·P + M/2) mod M, P coprime to M), so
+    /// any prefix of the capture is spread over the whole split; extending a capture keeps it so.
+    Spread,
+}
+
+impl WindowOrder {
+    /// The slot of window `i` among `m` slots.
+    pub fn slot(self, i: usize, m: usize) -> usize {
+        match self {
+            WindowOrder::Sequential => i,
+            WindowOrder::Spread => {
+                let m64 = m.max(1) as u64;
+                let mut p = 0x9E37_79B1u64 % m64;
+                while gcd(p.max(1), m64) != 1 {
+                    p += 1;
+                }
+                ((i as u64 * p.max(1) + m64 / 2) % m64) as usize
+            }
+        }
+    }
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -570,6 +609,7 @@ mod tests {
             teacher: TeacherId { kind: "gguf".into(), name: "t.gguf".into(), fingerprint: "00".into() },
             dataset: None,
             window: 5,
+            window_order: WindowOrder::Sequential,
         }
     }
 
@@ -647,6 +687,22 @@ mod tests {
         let e = s.check_tokenizer(&"cd".repeat(32), 300).expect_err("mismatch").to_string();
         assert!(e.contains("teacher's tokenizer"), "{e}");
         std::fs::remove_dir_all(&d).ok();
+    }
+
+    #[test]
+    fn spread_order_is_a_permutation() {
+        for m in [1usize, 7, 64, 400, 13_479] {
+            let mut seen = vec![false; m];
+            for i in 0..m {
+                let s = WindowOrder::Spread.slot(i, m);
+                assert!(!seen[s], "m={m}: slot {s} twice");
+                seen[s] = true;
+            }
+            assert_eq!(WindowOrder::Sequential.slot(3.min(m - 1), m), 3.min(m - 1));
+        }
+        // A short prefix already reaches both halves of the split.
+        let first: Vec<usize> = (0..8).map(|i| WindowOrder::Spread.slot(i, 13_479)).collect();
+        assert!(first.iter().any(|&s| s < 13_479 / 2) && first.iter().any(|&s| s >= 13_479 / 2), "{first:?}");
     }
 
     #[test]
