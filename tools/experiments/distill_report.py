@@ -14,7 +14,16 @@ from pathlib import Path
 def load(run):
     lines = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines() if l.strip()]
     val = [(l["tokens"], l["val_loss"]) for l in lines if "val_loss" in l]
-    last = lambda k: next((l[k] for l in reversed(lines) if k in l), float("nan"))
+    def last(k):
+        return next((l[k] for l in reversed(lines) if l.get(k) is not None), float("nan"))
+
+    # `k3mini eval --signals` on the final checkpoint, when the script ran it.
+    final = run / "final-eval.json"
+    if final.exists():
+        t = json.loads(final.read_text()).get("teacher") or {}
+        fixed = {"val_teacher_kl": t.get("kl"), "val_teacher_top1": t.get("top1")}
+        inner = last
+        last = lambda k: fixed[k] if fixed.get(k) is not None else inner(k)
     return lines, val, last
 
 
