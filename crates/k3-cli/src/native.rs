@@ -17,6 +17,7 @@ fn load(path: &Path, threads: usize, exact: bool) -> Result<Model> {
         eprintln!("warning: {w}");
     }
     model.compute = k3_infer::linear::Compute { threads: threads.max(1), exact };
+    k3_kernels::ops::set_reference_arithmetic(exact);
     Ok(model)
 }
 

@@ -88,7 +88,7 @@ pub fn kda_step_fused(
             let row = &mut st[i * vd..(i + 1) * vd];
             let a = gh[i].exp();
             row.iter_mut().for_each(|x| *x *= a);
-            crate::simd::axpy(&mut u, kh[i], row);
+            crate::ops::axpy(&mut u, kh[i], row);
         }
         let b = beta[hh];
         for (uj, &vj) in u.iter_mut().zip(&v[hh * vd..(hh + 1) * vd]) {
@@ -97,8 +97,8 @@ pub fn kda_step_fused(
         oh.iter_mut().for_each(|x| *x = 0.0);
         for i in 0..kd {
             let row = &mut st[i * vd..(i + 1) * vd];
-            crate::simd::axpy(row, kh[i], &u);
-            crate::simd::axpy(oh, qh[i] * scale, row);
+            crate::ops::axpy(row, kh[i], &u);
+            crate::ops::axpy(oh, qh[i] * scale, row);
         }
     });
 }
