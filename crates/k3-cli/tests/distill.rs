@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use k3_data::signals::SignalStore;
-use serde_json::Value;
 
 fn dataset(d: &Path, name: &str, tokenizer: &str) -> PathBuf {
     let ds = d.join(name);
@@ -34,14 +33,6 @@ fn write_config(d: &Path, name: &str, ds: &Path, extra: &str) -> PathBuf {
     );
     std::fs::write(&p, text).expect("write config");
     p
-}
-
-fn metrics(run_dir: &Path) -> Vec<Value> {
-    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
-        .expect("metrics.jsonl")
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("a JSON line"))
-        .collect()
 }
 
 fn last(run_dir: &Path, key: &str) -> f64 {

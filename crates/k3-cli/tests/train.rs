@@ -11,7 +11,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-use serde_json::Value;
 
 /// A small real dataset: the sources of k3-config, byte-level BPE of 384 tokens.
 fn dataset(d: &Path) -> PathBuf {
@@ -37,14 +36,6 @@ fn config(d: &Path, ds: &Path, preset: &str, train: &str) -> PathBuf {
     );
     std::fs::write(&p, text).expect("write config");
     p
-}
-
-fn metrics(run_dir: &Path) -> Vec<Value> {
-    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
-        .expect("metrics.jsonl")
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("a JSON line"))
-        .collect()
 }
 
 /// (step, loss) of every logged training step.

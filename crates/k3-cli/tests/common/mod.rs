@@ -81,3 +81,12 @@ pub fn top1_agreement(a: &[f32], b: &[f32], v: usize) -> f64 {
     let n = a.len() / v;
     (0..n).filter(|&r| argmax(&a[r * v..(r + 1) * v]) == argmax(&b[r * v..(r + 1) * v])).count() as f64 / n as f64
 }
+
+/// Every line of a run's `metrics.jsonl`.
+pub fn metrics(run_dir: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+        .expect("metrics.jsonl")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect()
+}
