@@ -21,6 +21,11 @@ pub const PRESETS: &[(&str, &str, &str)] = &[
         "architecture.md §8 config B: d 512, 12 layers (9 KDA + 3 MLA), ~47.7M params at vocab 8192",
     ),
     (
+        "bench-370m",
+        "Kimi-Linear",
+        "the speed benchmark's model: d 1024, 24 layers (18 KDA + 6 MLA), 8 heads of 128, kv_lora 256, FFN 2816, vocab 32000",
+    ),
+    (
         "3b",
         "K3",
         "architecture.md §8 config C: d 2304, 32 layers (24 KDA + 8 MLA), dense SiTU-GLU, 128K context (config only)",
@@ -35,6 +40,7 @@ pub fn preset(name: &str, vocab: Option<usize>) -> Result<ModelConfig> {
         "tiny-kda" => ModelConfig::Kimi(tiny_all_kda()),
         "tiny-llama" => ModelConfig::Llama(tiny_llama()),
         "small" => ModelConfig::Kimi(small()),
+        "bench-370m" => ModelConfig::Kimi(bench_370m()),
         "3b" => ModelConfig::Kimi(k3_3b()),
         other => {
             let names: Vec<&str> = PRESETS.iter().map(|p| p.0).collect();
@@ -192,6 +198,25 @@ pub fn small() -> KimiConfig {
         eos_token_id: vec![2],
         pad_token_id: Some(0),
     }
+}
+
+/// The inference benchmark's model (the shape llama.cpp was measured on, interop.md's last
+/// section): Kimi-Linear profile, random weights are enough for speed.
+pub fn bench_370m() -> KimiConfig {
+    let mut c = small();
+    c.vocab_size = 32_000;
+    c.hidden_size = 1024;
+    c.intermediate_size = 2816;
+    c.layers = KimiConfig::hybrid_layout(24, all_dense);
+    c.kda.num_heads = 8;
+    c.kda.head_dim = 128;
+    c.mla.num_heads = 8;
+    c.mla.kv_lora_rank = 256;
+    c.mla.qk_nope_head_dim = 128;
+    c.mla.qk_rope_head_dim = 64;
+    c.mla.v_head_dim = 128;
+    c.max_position_embeddings = 65_536;
+    c
 }
 
 /// architecture.md §8 config C: dense K3-profile 3B with a 128K context.
