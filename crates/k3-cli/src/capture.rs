@@ -122,6 +122,20 @@ pub fn teacher_tokenizer(teacher: &Path) -> Result<Tok> {
     Tok::load(&p).with_context(|| format!("the teacher's tokenizer ({})", p.display()))
 }
 
+/// The teacher's endpoint URL (when `--teacher` is one) and its tokenizer: `--tokenizer` when
+/// given (required for endpoints), else the local teacher's own.
+fn teacher_source(a: &CaptureArgs) -> Result<(Option<String>, Tok)> {
+    let url = a.teacher.to_str().filter(|s| s.starts_with("http://") || s.starts_with("https://")).map(str::to_string);
+    let tok = match (&url, &a.tokenizer) {
+        (_, Some(t)) => Tok::load(t).with_context(|| format!("--tokenizer {}", t.display()))?,
+        (Some(u), None) => {
+            bail!("--teacher {u} is an endpoint: give --tokenizer (the teacher's GGUF or tokenizer.json)")
+        }
+        (None, None) => teacher_tokenizer(&a.teacher)?,
+    };
+    Ok((url, tok))
+}
+
 /// SHA-256 over the teacher's weight files (the GGUF, or config.json + *.safetensors).
 pub fn teacher_identity(teacher: &Path) -> Result<TeacherId> {
     let mut files = Vec::new();
@@ -169,6 +183,17 @@ fn write_stats(out: &Path, s: &CaptureStats) -> Result<()> {
     Ok(())
 }
 
+/// The teacher-forced log-probabilities [T, V] after every token of `tokens`, at `temperature`:
+/// one batched prefill with all positions' logits.
+pub fn teacher_logprobs(model: &Model, tokens: &[u32], temperature: f32) -> Result<Vec<f32>> {
+    let mut st = model.new_state();
+    let mut logits = model.forward(tokens, &mut st, Logits::All)?;
+    for row in logits.chunks_exact_mut(model.vocab_size()) {
+        log_softmax(row, temperature);
+    }
+    Ok(logits)
+}
+
 /// Log-softmax of `logits / temperature`, in place.
 pub fn log_softmax(row: &mut [f32], temperature: f32) {
     let inv = 1.0 / temperature;
@@ -205,14 +230,7 @@ pub fn run(a: &CaptureArgs) -> Result<()> {
         "val" => &ds.val,
         other => bail!("--split `{other}`: allowed values are train, val"),
     };
-    let url = a.teacher.to_str().filter(|s| s.starts_with("http://") || s.starts_with("https://")).map(str::to_string);
-    let tok = match (&url, &a.tokenizer) {
-        (Some(_), Some(t)) => Tok::load(t).with_context(|| format!("--tokenizer {}", t.display()))?,
-        (Some(u), None) => {
-            bail!("--teacher {u} is an endpoint: give --tokenizer (the teacher's GGUF or tokenizer.json)")
-        }
-        (None, _) => teacher_tokenizer(&a.teacher)?,
-    };
+    let (url, tok) = teacher_source(a)?;
     if tok.hash != ds.meta.tokenizer_hash {
         bail!(
             "--data {}: the dataset was tokenized with {}… but the teacher {} uses {}…; the student learns the \
@@ -303,10 +321,8 @@ pub fn run(a: &CaptureArgs) -> Result<()> {
         let mut kl = 0.0;
         match &mut backend {
             Backend::Engine(model) => {
-                let mut st = model.new_state();
-                let mut logits = model.forward(&tokens[..a.seq_len], &mut st, Logits::All)?;
-                for row in logits.chunks_exact_mut(vocab) {
-                    log_softmax(row, a.temperature);
+                let logp = teacher_logprobs(model, &tokens[..a.seq_len], a.temperature)?;
+                for row in logp.chunks_exact(vocab) {
                     let t = signals::top_k(row, w.header.top_k);
                     // What the store will give back (quantized), against the dense distribution.
                     let q = signals::decode_roundtrip(&t, &w.header);
@@ -378,14 +394,7 @@ pub fn run(a: &CaptureArgs) -> Result<()> {
 /// `--prompts`: trajectories (the teacher's answers with per-token top-k).
 fn run_prompts(a: &CaptureArgs, prompts: &Path, tail: TailPolicy) -> Result<()> {
     let list = crate::trajectories::read_prompts(prompts)?;
-    let url = a.teacher.to_str().filter(|s| s.starts_with("http://") || s.starts_with("https://")).map(str::to_string);
-    let tok = match (&url, &a.tokenizer) {
-        (_, Some(t)) => Tok::load(t).with_context(|| format!("--tokenizer {}", t.display()))?,
-        (Some(u), None) => {
-            bail!("--teacher {u} is an endpoint: give --tokenizer (the teacher's GGUF or tokenizer.json)")
-        }
-        (None, None) => teacher_tokenizer(&a.teacher)?,
-    };
+    let (url, tok) = teacher_source(a)?;
     let mut header = StoreHeader {
         format: signals::FORMAT.into(),
         version: signals::VERSION,

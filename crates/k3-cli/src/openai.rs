@@ -141,17 +141,17 @@ impl Endpoint {
         Ok(tokens
             .iter()
             .zip(tops.iter().chain(std::iter::repeat(&Value::Null)))
-            .map(|(t, top)| {
-                let map = top.as_object().map(|m| {
-                    let mut v: Vec<(String, f32)> =
-                        m.iter().filter_map(|(s, l)| Some((s.clone(), l.as_f64()? as f32))).collect();
-                    v.sort_by(|a, b| b.1.total_cmp(&a.1));
-                    v
-                });
-                (t.as_str().unwrap_or_default().to_string(), map)
-            })
+            .map(|(t, top)| (t.as_str().unwrap_or_default().to_string(), parse_top(top)))
             .collect())
     }
+}
+
+/// A legacy-completions `top_logprobs` entry ({text: log-prob}) as (text, log-prob), best first.
+fn parse_top(v: &Value) -> Option<Vec<(String, f32)>> {
+    let mut top: Vec<(String, f32)> =
+        v.as_object()?.iter().filter_map(|(s, l)| Some((s.clone(), l.as_f64()? as f32))).collect();
+    top.sort_by(|a, b| b.1.total_cmp(&a.1));
+    Some(top)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -374,9 +374,6 @@ impl EndpointTeacher {
         if v["usage"]["prompt_tokens"].as_u64().is_some_and(|n| n != 1) {
             return Ok(None);
         }
-        let Some(m) = v["choices"][0]["logprobs"]["top_logprobs"][0].as_object() else { return Ok(None) };
-        let mut top: Vec<(String, f32)> = m.iter().filter_map(|(s, l)| Some((s.clone(), l.as_f64()? as f32))).collect();
-        top.sort_by(|a, b| b.1.total_cmp(&a.1));
-        Ok(Some(top))
+        Ok(parse_top(&v["choices"][0]["logprobs"]["top_logprobs"][0]))
     }
 }

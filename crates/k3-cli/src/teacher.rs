@@ -5,7 +5,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use k3_data::signals::{top_k, TopK};
-use k3_infer::{Logits, Model};
+use k3_infer::Model;
 use k3_train::trainer::distill::Teacher;
 
 pub struct EngineTeacher {
@@ -31,15 +31,8 @@ impl Teacher for EngineTeacher {
     fn top_k(&mut self, rows: &[Vec<u32>], k: usize) -> std::result::Result<Vec<Vec<TopK>>, String> {
         rows.iter()
             .map(|row| {
-                let mut st = self.model.new_state();
-                let mut logits = self.model.forward(row, &mut st, Logits::All).map_err(|e| e.to_string())?;
-                Ok(logits
-                    .chunks_exact_mut(self.vocab)
-                    .map(|r| {
-                        crate::capture::log_softmax(r, 1.0);
-                        top_k(r, k)
-                    })
-                    .collect())
+                let logp = crate::capture::teacher_logprobs(&self.model, row, 1.0).map_err(|e| format!("{e:#}"))?;
+                Ok(logp.chunks_exact(self.vocab).map(|r| top_k(r, k)).collect())
             })
             .collect()
     }

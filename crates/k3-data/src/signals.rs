@@ -536,8 +536,13 @@ impl SignalStore {
 
     /// Bytes per predicted position, all records included.
     pub fn bytes_per_token(&self) -> f64 {
-        let traj: usize =
-            (0..self.trajectory_records.len()).map(|i| self.trajectory(i).map_or(0, |t| t.generated.len())).sum();
+        // A trajectory payload starts with (prompt length, generated length) as u32.
+        let traj: usize = self
+            .trajectory_records
+            .iter()
+            .filter_map(|(sh, r)| self.maps[*sh].get(r.start + 4..r.start + 8))
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+            .sum();
         let positions: usize = self.windows.len() * self.header.window.saturating_sub(1) + traj;
         self.bytes as f64 / positions.max(1) as f64
     }

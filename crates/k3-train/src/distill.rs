@@ -119,10 +119,16 @@ fn xlogx_over_y(lx: &Tensor, ly: &Tensor) -> Tensor {
 
 /// The sparse KD loss of student `logits` [N, V] against `t`, averaged over positions (× τ²).
 pub fn sparse_divergence(logits: &Tensor, t: &SparseTargets, loss: &KdLoss) -> Tensor {
-    let v = logits.size()[1];
+    let lq_all = (logits.to_kind(Kind::Float) / loss.temperature).log_softmax(-1, Kind::Float);
+    sparse_divergence_logp(&lq_all, t, loss)
+}
+
+/// [`sparse_divergence`] from the student's log-probabilities at the loss temperature,
+/// log_softmax(z / τ) [N, V], for callers that reuse them (e.g. for cross-entropy).
+pub fn sparse_divergence_logp(lq_all: &Tensor, t: &SparseTargets, loss: &KdLoss) -> Tensor {
+    let v = lq_all.size()[1];
     let k = t.k();
     let tau = loss.temperature;
-    let lq_all = (logits.to_kind(Kind::Float) / tau).log_softmax(-1, Kind::Float); // [N, V]
     let lq = lq_all.gather(1, &t.ids, false); // [N, k]
     let rest = (v - k) as f64;
     // The teacher on the support, per policy.
@@ -155,7 +161,7 @@ pub fn sparse_divergence(logits: &Tensor, t: &SparseTargets, loss: &KdLoss) -> T
             let mut d = xlogx_over_y(&lq_s, &lp).sum_dim_intlist(1, false, Kind::Float);
             if uniform_tail {
                 // Σ_{i∉S} q_i (log q_i − log u) = Σ_V q log q − Σ_S q log q − log u·(1 − Σ_S q).
-                let neg_h = (lq_all.exp() * &lq_all).sum_dim_intlist(1, false, Kind::Float);
+                let neg_h = (lq_all.exp() * lq_all).sum_dim_intlist(1, false, Kind::Float);
                 let on_s = (lq.exp() * &lq).sum_dim_intlist(1, false, Kind::Float);
                 let mass_off = 1.0 - lq.exp().sum_dim_intlist(1, false, Kind::Float);
                 d = d + neg_h - on_s - lu.squeeze_dim(1) * mass_off;
@@ -172,9 +178,9 @@ pub fn sparse_divergence(logits: &Tensor, t: &SparseTargets, loss: &KdLoss) -> T
             let mut d = jsd_terms(&lp, &lq_s).sum_dim_intlist(1, false, Kind::Float);
             if uniform_tail {
                 // Off the support the teacher is u everywhere: evaluate over V and mask the support.
-                let off = Tensor::ones_like(&lq_all).scatter_value(1, &t.ids, 0.0);
-                let lp_full = lu.expand_as(&lq_all);
-                d = d + (jsd_terms(&lp_full, &lq_all) * off).sum_dim_intlist(1, false, Kind::Float);
+                let off = Tensor::ones_like(lq_all).scatter_value(1, &t.ids, 0.0);
+                let lp_full = lu.expand_as(lq_all);
+                d = d + (jsd_terms(&lp_full, lq_all) * off).sum_dim_intlist(1, false, Kind::Float);
             }
             d
         }

@@ -11,11 +11,17 @@ use tch::Tensor;
 use crate::{Error, Result};
 
 /// SplitMix64: a stateless, well-mixed 64-bit hash.
-pub(crate) fn splitmix64(mut x: u64) -> u64 {
+fn splitmix64(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
     x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     x ^ (x >> 31)
+}
+
+/// The random draw behind row `r` of micro-batch `micro` of step `step`: a pure function of the
+/// seed and the position, so resumed runs read the same rows (training windows and store windows).
+pub(crate) fn row_hash(seed: u64, step: u64, micro: u64, r: u64) -> u64 {
+    splitmix64(seed ^ splitmix64(step ^ splitmix64(micro ^ splitmix64(r))))
 }
 
 /// (inputs, targets), both [B, T] int64.
@@ -46,12 +52,7 @@ pub fn train_batch(set: &TokenSet, seed: u64, step: u64, micro: u64, b: usize, t
         )));
     }
     let span = (set.len - t - 1) as u64;
-    let starts: Vec<usize> = (0..b as u64)
-        .map(|r| {
-            let h = splitmix64(seed ^ splitmix64(step ^ splitmix64(micro ^ splitmix64(r))));
-            (h % span) as usize
-        })
-        .collect();
+    let starts: Vec<usize> = (0..b as u64).map(|r| (row_hash(seed, step, micro, r) % span) as usize).collect();
     Ok(windows(set, &starts, t))
 }
 

@@ -12,9 +12,9 @@ use k3_data::dataset::Dataset;
 use k3_data::signals::{SignalStore, TailPolicy, TopK};
 use tch::{Kind, Tensor};
 
-use crate::distill::{sparse_divergence, top1_agreement, KdLoss, SparseTargets};
+use crate::distill::{sparse_divergence, sparse_divergence_logp, top1_agreement, KdLoss, SparseTargets};
 use crate::model::Model;
-use crate::trainer::batches::{splitmix64, Batch};
+use crate::trainer::batches::{row_hash, Batch};
 use crate::trainer::config::DistillSection;
 use crate::{Error, Result};
 
@@ -134,7 +134,7 @@ impl Distiller {
                 let mut rows = Vec::with_capacity(b * (t + 1));
                 let mut positions = Vec::with_capacity(b * t);
                 for r in 0..b as u64 {
-                    let h = splitmix64(seed ^ splitmix64(step ^ splitmix64(micro ^ splitmix64(r))));
+                    let h = row_hash(seed, step, micro, r);
                     let w = store
                         .window((h % n) as usize)
                         .map_err(|e| Error::Invalid(format!("distill.store {}: {e}", store.dir.display())))?;
@@ -169,8 +169,17 @@ impl Distiller {
     pub fn losses(&self, logits: &Tensor, kb: &KdBatch) -> KdLosses {
         let v = logits.size()[2];
         let flat = logits.view([-1, v]);
-        let kd = sparse_divergence(&flat, &kb.targets, &self.loss);
-        let ce = flat.cross_entropy_for_logits(&kb.batch.targets.reshape([-1]));
+        let tau = self.loss.temperature;
+        // One log-softmax over the vocabulary serves KD and, at τ = 1, CE (the [N, V] pass is the
+        // expensive part of the loss at a 49K vocabulary).
+        let lq = (flat.to_kind(Kind::Float) / tau).log_softmax(-1, Kind::Float);
+        let kd = sparse_divergence_logp(&lq, &kb.targets, &self.loss);
+        let targets = kb.batch.targets.reshape([-1]);
+        let ce = if tau == 1.0 {
+            -lq.gather(1, &targets.unsqueeze(1), false).mean(Kind::Float)
+        } else {
+            flat.cross_entropy_for_logits(&targets)
+        };
         let top1 = tch::no_grad(|| top1_agreement(&flat, &kb.targets));
         let (kdv, cev) = (kd.double_value(&[]), ce.double_value(&[]));
         let total = if self.ce_weight == 0.0 {
