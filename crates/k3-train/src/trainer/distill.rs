@@ -203,7 +203,7 @@ pub struct TeacherEval {
 }
 
 pub fn evaluate_teacher(model: &Model, store: &SignalStore, windows: usize, batch: usize) -> Result<TeacherEval> {
-    let n = windows.min(store.num_windows()).max(1).min(store.num_windows());
+    let n = windows.max(1).min(store.num_windows());
     if n == 0 {
         return Err(Error::Invalid(format!("train.val_signals {}: holds no windows", store.dir.display())));
     }
