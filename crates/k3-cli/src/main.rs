@@ -12,6 +12,8 @@ mod info;
 mod native;
 mod openai;
 mod plot;
+mod routing_report;
+mod routing_stats;
 #[cfg(feature = "train")]
 mod teacher;
 #[cfg(feature = "train")]
@@ -135,6 +137,9 @@ enum Cmd {
     Bench(BenchCmd),
     /// Generate text from a prompt, streaming it to stdout (pure-Rust engine).
     Generate(native::GenerateArgs),
+    /// A MoE model's routing per layer and domain against uniform baselines (JSON + heatmaps),
+    /// and a student MoE layout for a target domain (pure Rust, streamed).
+    RoutingStats(routing_stats::RoutingStatsArgs),
     /// Training data: build a tokenized dataset from offline sources.
     #[command(subcommand)]
     Data(DataCmd),
@@ -267,6 +272,7 @@ fn run() -> Result<()> {
             Ok(())
         }
         Cmd::Generate(args) => native::generate(&args),
+        Cmd::RoutingStats(a) => routing_stats::run(&a),
         Cmd::Data(DataCmd::Build { sources, tokenizer, out, val_permille }) => {
             data_build(sources, tokenizer, out, val_permille)
         }

@@ -11,7 +11,7 @@ use k3_format::safetensors_io::{write_safetensors, OwnedData};
 use k3_infer::tokenizer::Tokenizer;
 use k3_infer::{Engine, Logits, Model, SamplerConfig};
 
-fn load(path: &Path, threads: usize, exact: bool) -> Result<Model> {
+pub(crate) fn load(path: &Path, threads: usize, exact: bool) -> Result<Model> {
     let (mut model, warnings) = Model::load(path).with_context(|| format!("loading {}", path.display()))?;
     for w in warnings {
         eprintln!("warning: {w}");

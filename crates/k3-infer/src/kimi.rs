@@ -124,6 +124,18 @@ impl KimiModel {
         })
     }
 
+    /// Attach `tap` to every MoE layer (or detach with `None`); returns how many layers have one.
+    pub fn set_routing_tap(&mut self, tap: Option<std::sync::Arc<dyn crate::routing::RoutingTap>>) -> usize {
+        let mut n = 0;
+        for b in &mut self.blocks {
+            if let Ffn::Moe(m) = &mut b.ffn {
+                m.set_tap(tap.clone());
+                n += 1;
+            }
+        }
+        n
+    }
+
     pub fn new_state(&self) -> Vec<LayerState> {
         self.blocks
             .iter()

@@ -17,6 +17,7 @@ pub mod llama;
 pub mod mla;
 pub mod model;
 pub mod moe;
+pub mod routing;
 pub mod sampler;
 pub mod source;
 pub mod threads;

@@ -79,6 +79,17 @@ impl Model {
         Ok((Self { net, config, n_ctx, compute: Compute::default() }, warnings))
     }
 
+    /// Attach a routing tap to every MoE layer; errors when the model has none.
+    pub fn set_routing_tap(&mut self, tap: std::sync::Arc<dyn crate::routing::RoutingTap>) -> Result<usize> {
+        match &mut self.net {
+            Net::Kimi(m) => match m.set_routing_tap(Some(tap)) {
+                0 => Err(Error::Invalid("the model has no MoE layers (every FFN is dense); routing statistics need a mixture-of-experts checkpoint".into())),
+                n => Ok(n),
+            },
+            Net::Llama(_) => Err(Error::Invalid("a Llama model has no experts; routing statistics need a Kimi / K3 MoE checkpoint".into())),
+        }
+    }
+
     pub fn vocab_size(&self) -> usize {
         self.config.vocab_size()
     }

@@ -3,11 +3,14 @@
 //! on the full-width input, and K3's latent path (experts in a down-projected space, RMSNorm, up).
 //! Only the selected experts run. Dims: T tokens, C hidden, E experts, k top-k, Lt latent.
 
+use std::sync::Arc;
+
 use k3_config::{Activation, MoeConfig};
 use k3_kernels::ops;
 
 use crate::ffn::{glu_inplace, Mlp};
 use crate::linear::{Compute, Matrix};
+use crate::routing::{Route, RoutingTap};
 use crate::source::{ExpertPart, Source};
 use crate::Result;
 
@@ -26,6 +29,10 @@ pub struct Moe {
     cfg: MoeConfig,
     act: Activation,
     eps: f32,
+    /// This layer's index in the stack (for the routing tap).
+    layer: usize,
+    /// Receives every routing decision when set (routing statistics); `None` costs nothing.
+    tap: Option<Arc<dyn RoutingTap>>,
 }
 
 impl Moe {
@@ -73,7 +80,13 @@ impl Moe {
             cfg: cfg.clone(),
             act,
             eps: eps as f32,
+            layer: i,
+            tap: None,
         })
+    }
+
+    pub fn set_tap(&mut self, tap: Option<Arc<dyn RoutingTap>>) {
+        self.tap = tap;
     }
 
     /// The experts chosen for one token and their weights, from the router's sigmoid scores.
@@ -122,6 +135,7 @@ impl Moe {
         let width = z.len() / t;
         let e = self.experts.len();
         let mut acc = vec![0f32; t * width];
+        let mut routes: Vec<Route> = Vec::new();
         for r in 0..t {
             let zr = &z[r * width..(r + 1) * width];
             for (ex, wv) in self.select(&logits[r * e..(r + 1) * e]) {
@@ -130,8 +144,15 @@ impl Moe {
                 let u = expert.up.apply(zr, 1, cx);
                 glu_inplace(&mut g, &u, self.act);
                 let y = expert.down.apply(&g, 1, cx);
+                if self.tap.is_some() {
+                    let out_norm = ops::dot(&y, &y).sqrt();
+                    routes.push(Route { expert: ex as u32, weight: wv, out_norm });
+                }
                 ops::axpy(&mut acc[r * width..(r + 1) * width], wv, &y);
             }
+        }
+        if let Some(tap) = &self.tap {
+            tap.record(self.layer, t, &logits, &routes);
         }
         let mut y = match &self.latent {
             Some((_, up, norm)) => {

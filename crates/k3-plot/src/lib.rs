@@ -1,10 +1,12 @@
-//! Line charts as PNG: a raster canvas, a 5×7 bitmap font for labels, and a minimal PNG encoder
+//! Line charts and heatmaps as PNG: a raster canvas, a 5×7 bitmap font for labels, and a minimal PNG encoder
 //! (deflate from miniz_oxide, the only dependency). Good enough for loss curves and benchmark plots
 //! that a person looks at.
 
 mod font;
+mod heatmap;
 mod png;
 
+pub use heatmap::{render_heatmap, write_heatmap, Heatmap};
 pub use png::encode_rgb;
 
 /// One line of a chart.
