@@ -45,6 +45,10 @@ pub struct CaptureArgs {
     /// answers the teacher generates, stored as trajectories with the top-k of every token.
     #[arg(long, conflicts_with = "data")]
     pub prompts: Option<PathBuf>,
+    /// Trajectories: continue each prompt as plain text (completion style, e.g. a signature or
+    /// docstring whose body the teacher writes) instead of wrapping it in the chat template.
+    #[arg(long, requires = "prompts")]
+    pub raw_prompts: bool,
     /// Trajectories: at most this many generated tokens per prompt.
     #[arg(long, default_value_t = 128)]
     pub max_new: usize,
@@ -410,6 +414,9 @@ fn run_prompts(a: &CaptureArgs, prompts: &Path, tail: TailPolicy) -> Result<()> 
     };
     let stats = match &url {
         Some(u) => {
+            if a.raw_prompts {
+                bail!("--raw-prompts: an endpoint's answers come through its chat template; drop --raw-prompts, or capture with the teacher in process");
+            }
             let key = std::env::var(&a.api_key_env).ok();
             let mut e = crate::openai::Endpoint::connect(u, a.model.as_deref(), key, a.max_rps)?;
             let p = crate::openai::probe(&mut e)?;
@@ -439,13 +446,14 @@ fn run_prompts(a: &CaptureArgs, prompts: &Path, tail: TailPolicy) -> Result<()> 
             let (mut model, _) = Model::load(&a.teacher).with_context(|| format!("loading {}", a.teacher.display()))?;
             model.compute = k3_infer::linear::Compute { threads: a.threads.max(1), exact: false };
             let chat = k3_infer::tokenizer::Tokenizer::for_model(&a.teacher)?
-                .with_context(|| format!("{}: no tokenizer for the chat template", a.teacher.display()))?;
+                .with_context(|| format!("{}: no tokenizer to encode the prompts", a.teacher.display()))?;
+            let raw = a.raw_prompts;
             let stop: Vec<u32> = chat.eos.into_iter().collect();
             let sampling = SamplerConfig { temperature: a.sample_temperature, seed: 0, ..Default::default() };
             let mut slot = Some(model);
             let (max_new, k) = (a.max_new, w.header.top_k);
             crate::trajectories::capture(&mut w, &list, |p| {
-                let ids = chat.encode(&chat.apply_chat(None, p)?)?;
+                let ids = chat.encode(&if raw { p.to_string() } else { chat.apply_chat(None, p)? })?;
                 let m = slot.take().context("the teacher model")?;
                 let (m, g, tops) = crate::trajectories::generate_engine(m, &ids, max_new, k, sampling.clone(), &stop)?;
                 slot = Some(m);

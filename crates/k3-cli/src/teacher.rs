@@ -1,12 +1,13 @@
-//! The in-process teacher for online distillation: the pure-Rust engine behind k3-train's
-//! `Teacher` trait (the training crate does not depend on the engine).
+//! The in-process teacher for online distillation and the student's sampler for on-policy
+//! distillation: the pure-Rust engine behind k3-train's `Teacher` and `Policy` traits (the
+//! training crate does not depend on the engine).
 
 use std::path::Path;
 
 use anyhow::{Context, Result};
 use k3_data::signals::{top_k, TopK};
-use k3_infer::Model;
-use k3_train::trainer::distill::Teacher;
+use k3_infer::{Logits, Model, Sampler, SamplerConfig};
+use k3_train::trainer::distill::{Policy, Teacher};
 
 pub struct EngineTeacher {
     model: Model,
@@ -39,5 +40,52 @@ impl Teacher for EngineTeacher {
 
     fn tokenizer(&self) -> (String, usize) {
         (self.tokenizer_hash.clone(), self.vocab)
+    }
+}
+
+/// The student, sampled with our engine from the checkpoint the trainer last wrote.
+pub struct EnginePolicy {
+    model: Option<Model>,
+    threads: usize,
+}
+
+impl EnginePolicy {
+    pub fn new(threads: usize) -> Self {
+        Self { model: None, threads: threads.max(1) }
+    }
+}
+
+impl Policy for EnginePolicy {
+    fn load(&mut self, checkpoint: &Path) -> std::result::Result<(), String> {
+        let (mut m, _) = Model::load(checkpoint).map_err(|e| format!("{}: {e}", checkpoint.display()))?;
+        m.compute = k3_infer::linear::Compute { threads: self.threads, exact: false };
+        self.model = Some(m);
+        Ok(())
+    }
+
+    fn sample(
+        &mut self,
+        prompt: &[u32],
+        max_new: usize,
+        temperature: f64,
+        seed: u64,
+        stop: u32,
+    ) -> std::result::Result<Vec<u32>, String> {
+        let m = self.model.as_ref().ok_or("the sampler has no weights yet")?;
+        let mut st = m.new_state();
+        let mut logits = m.forward(prompt, &mut st, Logits::Last).map_err(|e| e.to_string())?;
+        let mut sampler = Sampler::new(SamplerConfig { temperature: temperature as f32, seed, ..Default::default() });
+        let mut history = prompt.to_vec();
+        let mut out = Vec::with_capacity(max_new);
+        while out.len() < max_new {
+            let x = sampler.sample(&logits, &history);
+            out.push(x);
+            history.push(x);
+            if x == stop || out.len() == max_new {
+                break;
+            }
+            logits = m.forward(&[x], &mut st, Logits::Last).map_err(|e| e.to_string())?;
+        }
+        Ok(out)
     }
 }

@@ -76,9 +76,15 @@ pub fn train(a: &crate::TrainArgs, distill: bool) -> Result<()> {
             Some(p) => Some(Box::new(crate::teacher::EngineTeacher::load(p, cfg.train.threads.max(1))?)),
             None => None,
         };
+    let policy: Option<Box<dyn trainer::distill::Policy>> = match cfg.distill.as_ref().map(|d| d.mode) {
+        Some(trainer::config::DistillMode::OnPolicy) => {
+            Some(Box::new(crate::teacher::EnginePolicy::new(cfg.train.threads.max(1))))
+        }
+        _ => None,
+    };
     let opts = trainer::RunOptions { out: a.out.clone(), resume: a.resume, stop_at: a.stop_at };
-    let s =
-        trainer::run_with_teacher(&cfg, &opts, teacher).with_context(|| format!("training in {}", a.out.display()))?;
+    let s = trainer::run_with_teacher(&cfg, &opts, teacher, policy)
+        .with_context(|| format!("training in {}", a.out.display()))?;
     let val = s.val.as_ref().map_or("n/a".to_string(), |v| format!("{:.4} (ppl {:.2})", v.loss, v.perplexity()));
     println!(
         "step {} ({:.2}M tokens): train loss {:.4}, validation loss {val}, {:.0} tokens/s; checkpoint {}",

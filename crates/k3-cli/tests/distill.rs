@@ -140,6 +140,80 @@ fn capture_resumes_after_kill_and_distillation_learns_from_the_store() {
     );
     run(k3mini().arg("distill").arg("--config").arg(&ocfg).arg("--out").arg(d.join("online")));
     assert!(last(&d.join("online"), "kd").is_finite());
+
+    // Sequence mode: the teacher's answers to code prompts (plain continuation), then CE on them.
+    let prompts = d.join("prompts.jsonl");
+    let lines: Vec<String> =
+        ["pub fn ", "impl ", "    /// ", "#[derive(", "use crate::", "    let ", "match ", "fn parse"]
+            .iter()
+            .map(|p| serde_json::json!({ "prompt": p }).to_string())
+            .collect();
+    std::fs::write(&prompts, lines.join("\n")).expect("prompts");
+    let traj = d.join("store-traj");
+    let text = run(k3mini()
+        .args(["capture", "--threads", "1", "--top-k", "8", "--max-new", "20", "--raw-prompts", "--teacher"])
+        .arg(&teacher)
+        .arg("--prompts")
+        .arg(&prompts)
+        .arg("--out")
+        .arg(&traj));
+    assert!(text.contains("8 answered"), "{text}");
+    let seq = write_config(
+        &d,
+        "sequence",
+        &ds,
+        &format!(
+            "steps = 12\neval_every = 12\n{vs}[distill]\nmode = \"sequence\"\nstore = \"{}\"\nce_weight = 1.0\nkd_weight = 0.5\n",
+            traj.display()
+        ),
+    );
+    run(k3mini().arg("distill").arg("--config").arg(&seq).arg("--out").arg(d.join("sequence")));
+    let m = metrics(&d.join("sequence"));
+    let ce: Vec<f64> = m.iter().filter_map(|v| v["ce"].as_f64()).collect();
+    assert!(ce.len() >= 2 && ce[ce.len() - 1] < ce[0], "CE on the teacher's answers falls: {ce:?}");
+    // A store of windows is not trajectories: the error says how to capture them.
+    let wrong = write_config(
+        &d,
+        "seq-wrong",
+        &ds,
+        &format!("steps = 2\n[distill]\nmode = \"sequence\"\nstore = \"{}\"\n", a.display()),
+    );
+    let out =
+        k3mini().arg("distill").arg("--config").arg(&wrong).arg("--out").arg(d.join("w")).output().expect("spawn");
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && e.contains("--prompts"), "{e}");
+
+    // On-policy from the KD student: it samples with our engine, the teacher scores, reverse KL.
+    let kd_ckpt = d.join("kd/checkpoints/step-00000030");
+    let onp = d.join("on-policy.toml");
+    std::fs::write(
+        &onp,
+        format!(
+            "[model]\ncheckpoint = \"{}\"\n[data]\ndataset = \"{}\"\nseq_len = 32\nbatch_size = 4\n[schedule]\nwarmup_steps = 1\n\
+             [optim]\nlr = 1e-3\n[train]\nsteps = 6\nthreads = 1\neval_every = 6\neval_windows = 8\nlog_every = 1\n{vs}\
+             [distill]\nmode = \"on-policy\"\nteacher = \"{}\"\nprompts = \"{}\"\ntop_k = 8\nmax_new = 12\nsync_every = 2\n",
+            kd_ckpt.display(),
+            ds.display(),
+            teacher.display(),
+            prompts.display()
+        ),
+    )
+    .expect("write");
+    run(k3mini()
+        .arg("distill")
+        .arg("--config")
+        .arg(&onp)
+        .arg("--out")
+        .arg(d.join("on-policy"))
+        .args(["--stop-at", "3"]));
+    run(k3mini().arg("distill").arg("--resume").arg("--out").arg(d.join("on-policy")));
+    let m = metrics(&d.join("on-policy"));
+    let kd: Vec<f64> = m.iter().filter_map(|v| v["kd"].as_f64()).collect();
+    assert!(kd.len() >= 6 && kd.iter().all(|x| x.is_finite() && *x >= 0.0), "reverse KL on own samples: {kd:?}");
+    assert!(d.join("on-policy/policy/model.safetensors").exists(), "the sampler read the student's weights");
+    let saved = std::fs::read_to_string(d.join("on-policy/train.toml")).expect("train.toml");
+    assert!(saved.contains("reverse-kl"), "on-policy defaults to reverse KL: {saved}");
+
     // `distill` without a [distill] section says what is missing.
     let out =
         k3mini().arg("distill").arg("--config").arg(&scfg).arg("--out").arg(d.join("nod")).output().expect("spawn");

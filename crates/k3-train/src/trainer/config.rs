@@ -156,11 +156,41 @@ pub struct TrainSection {
     pub val_signals: Option<PathBuf>,
 }
 
+/// What the student learns from (`distill.mode`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum DistillMode {
+    /// The teacher's top-k on corpus windows (a store of windows, or a teacher online).
+    #[default]
+    Logits,
+    /// The teacher's own answers (trajectories in the store, `k3mini capture --prompts`): CE on
+    /// the answer tokens, plus KD against the top-k stored with them when `kd_weight` > 0.
+    Sequence,
+    /// The student's own samples on `prompts`, scored by the teacher online (teacher-forced
+    /// top-k); the loss is the divergence (default reverse KL) on the sampled tokens.
+    OnPolicy,
+}
+
 /// `[distill]`: the loss is `kd_weight · KD + ce_weight · CE`, with KD a divergence against the
 /// teacher's top-k (see `crate::distill`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct DistillSection {
+    #[serde(default)]
+    pub mode: DistillMode,
+    /// On-policy: the prompts (JSON lines with a "prompt" string, or one per line), encoded with
+    /// the dataset's tokenizer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompts: Option<PathBuf>,
+    /// On-policy: tokens sampled per prompt.
+    #[serde(default = "d_max_new")]
+    pub max_new: usize,
+    /// On-policy: the student's sampling temperature.
+    #[serde(default = "one_f")]
+    pub sample_temperature: f64,
+    /// On-policy: reload the sampler with the student's weights every this many steps.
+    #[serde(default = "d_sync_every")]
+    pub sync_every: u64,
     /// Offline: a teacher-signal store captured over this dataset's train split (`k3mini capture`).
     pub store: Option<PathBuf>,
     /// Online: a teacher (GGUF or checkpoint) run in process on every batch.
@@ -168,8 +198,9 @@ pub struct DistillSection {
     /// Online: top-k kept per position.
     #[serde(default = "d_top_k")]
     pub top_k: usize,
-    #[serde(default = "d_divergence")]
-    pub divergence: crate::distill::Divergence,
+    /// Default: forward KL; reverse KL on-policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub divergence: Option<crate::distill::Divergence>,
     /// JSD's β.
     #[serde(default = "d_jsd_beta")]
     pub beta: f64,
@@ -181,6 +212,16 @@ pub struct DistillSection {
     pub kd_weight: f64,
     #[serde(default)]
     pub ce_weight: f64,
+}
+
+impl DistillSection {
+    /// The divergence in use: the configured one, or the mode's default.
+    pub fn divergence(&self) -> crate::distill::Divergence {
+        self.divergence.unwrap_or(match self.mode {
+            DistillMode::OnPolicy => crate::distill::Divergence::ReverseKl,
+            _ => crate::distill::Divergence::ForwardKl,
+        })
+    }
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -269,8 +310,11 @@ fn d_keep() -> usize {
 fn d_top_k() -> usize {
     32
 }
-fn d_divergence() -> crate::distill::Divergence {
-    crate::distill::Divergence::ForwardKl
+fn d_max_new() -> usize {
+    64
+}
+fn d_sync_every() -> u64 {
+    1
 }
 fn d_jsd_beta() -> f64 {
     0.5
@@ -348,9 +392,13 @@ impl TrainConfig {
         for o in overrides {
             apply_override(&mut table, o)?;
         }
-        let cfg: TrainConfig = table
+        let mut cfg: TrainConfig = table
             .try_into()
             .map_err(|e: toml::de::Error| Error::Invalid(format!("{origin}: {}", e.to_string().trim_end())))?;
+        // The mode's default divergence is written out, so a resumed run compares like with like.
+        if let Some(d) = cfg.distill.as_mut() {
+            d.divergence = Some(d.divergence());
+        }
         cfg.validate(origin)?;
         Ok(cfg)
     }
@@ -408,6 +456,33 @@ impl TrainConfig {
                 (Some(_), Some(_)) => return bad("distill", "takes `store` or `teacher`, not both"),
                 _ => {}
             }
+            match d.mode {
+                DistillMode::Sequence if d.store.is_none() => {
+                    return bad(
+                        "distill.mode",
+                        "\"sequence\" trains on stored trajectories: set `store` (from `k3mini capture --prompts`)",
+                    )
+                }
+                DistillMode::OnPolicy if d.teacher.is_none() || d.prompts.is_none() => {
+                    return bad(
+                        "distill.mode",
+                        "\"on-policy\" needs `teacher` (it scores the student's samples) and `prompts`",
+                    )
+                }
+                DistillMode::OnPolicy if d.ce_weight > 0.0 => {
+                    return bad(
+                        "distill.ce_weight",
+                        "on-policy trains on the student's own samples, where CE has no target; set it to 0",
+                    )
+                }
+                DistillMode::OnPolicy if d.max_new == 0 || d.sync_every == 0 => {
+                    return bad("distill.max_new / distill.sync_every", "must be at least 1")
+                }
+                DistillMode::Logits if d.prompts.is_some() => {
+                    return bad("distill.prompts", "only applies to mode = \"on-policy\"")
+                }
+                _ => {}
+            }
             if !(d.kd_weight >= 0.0 && d.ce_weight >= 0.0 && d.kd_weight + d.ce_weight > 0.0) {
                 return bad("distill.kd_weight / distill.ce_weight", "must be >= 0 and not both 0");
             }
@@ -415,7 +490,7 @@ impl TrainConfig {
                 return bad("distill.top_k", "must be at least 1");
             }
             let l = crate::distill::KdLoss {
-                divergence: d.divergence,
+                divergence: d.divergence(),
                 beta: d.beta,
                 temperature: d.temperature,
                 tail: k3_data::signals::TailPolicy::Uniform,

@@ -120,14 +120,16 @@ fn nan_error_at(what: &str, step: u64, run: &Path, place: Option<String>) -> Err
 
 /// Train (or continue training) a model as `cfg` says, in `opts.out`.
 pub fn run(cfg: &TrainConfig, opts: &RunOptions) -> Result<Summary> {
-    run_with_teacher(cfg, opts, None)
+    run_with_teacher(cfg, opts, None, None)
 }
 
-/// [`run`], with the in-process teacher that `[distill] teacher = ...` (online distillation) uses.
+/// [`run`], with the in-process teacher that `[distill] teacher = ...` (online distillation) uses
+/// and, on-policy, the student's sampler.
 pub fn run_with_teacher(
     cfg: &TrainConfig,
     opts: &RunOptions,
     teacher: Option<Box<dyn distill::Teacher>>,
+    policy: Option<Box<dyn distill::Policy>>,
 ) -> Result<Summary> {
     let run = opts.out.as_path();
     std::fs::create_dir_all(run).map_err(|e| Error::Invalid(format!("{}: {e}", run.display())))?;
@@ -211,7 +213,7 @@ pub fn run_with_teacher(
     k3_format::safetensors_io::write_atomic(&run.join("train.toml"), st.config_toml.as_bytes())?;
 
     let mut distiller =
-        cfg.distill.as_ref().map(|d| distill::Distiller::new(d, &ds, cfg.data.seq_len, teacher)).transpose()?;
+        cfg.distill.as_ref().map(|d| distill::Distiller::new(d, &ds, cfg.data.seq_len, teacher, policy)).transpose()?;
     let val_signals = match &cfg.train.val_signals {
         Some(p) => {
             let what = |e: k3_data::Error| Error::Invalid(format!("train.val_signals {}: {e}", p.display()));
@@ -272,6 +274,9 @@ pub fn run_with_teacher(
         let mut stats = LoadStats::default();
         let mut step_loss = 0.0;
         let mut kd_parts = [0.0f64; 3]; // KD, CE, top-1 agreement (distillation only)
+        if let Some(d) = distiller.as_mut() {
+            d.prepare(&model, run, st.step)?;
+        }
         for micro in 0..accum as u64 {
             let (batch, out, loss) = match distiller.as_mut() {
                 Some(d) => {
