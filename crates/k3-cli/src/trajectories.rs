@@ -24,6 +24,11 @@ pub fn read_prompts(path: &Path) -> Result<Vec<String>> {
             continue;
         }
         match serde_json::from_str::<Value>(&line) {
+            Ok(Value::Object(o)) if o.get("eval_only") == Some(&Value::Bool(true)) => bail!(
+                "{}: line {} is marked \"eval_only\" (e.g. HumanEval): evaluation prompts never become training data",
+                path.display(),
+                n + 1
+            ),
             Ok(Value::Object(o)) => match o.get("prompt").and_then(Value::as_str) {
                 Some(p) => out.push(p.to_string()),
                 None => bail!("{}: line {}: a JSON line needs a \"prompt\" string", path.display(), n + 1),

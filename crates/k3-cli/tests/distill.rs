@@ -214,6 +214,51 @@ fn capture_resumes_after_kill_and_distillation_learns_from_the_store() {
     let saved = std::fs::read_to_string(d.join("on-policy/train.toml")).expect("train.toml");
     assert!(saved.contains("reverse-kl"), "on-policy defaults to reverse KL: {saved}");
 
+    // The KD student's greedy continuations, judged by the teacher.
+    let text = run(k3mini()
+        .args(["score", "--max-new", "8", "--model"])
+        .arg(&kd_ckpt)
+        .arg("--teacher")
+        .arg(&teacher)
+        .arg("--prompts")
+        .arg(&prompts)
+        .arg("--json")
+        .arg(d.join("score.json")));
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("score.json")).expect("score.json")).expect("json");
+    assert_eq!(s["scored"], 8, "{text}");
+    let lp = s["teacher_logprob_per_token"].as_f64().expect("logprob");
+    let agree = s["teacher_top1_agreement"].as_f64().expect("top1");
+    assert!(lp < 0.0 && lp.is_finite() && (0.0..=1.0).contains(&agree), "{s}");
+
+    // Evaluation-only prompts (HumanEval) never become training data.
+    let he = d.join("he.jsonl");
+    std::fs::write(&he, "{\"prompt\": \"def f(x):\\n\", \"eval_only\": true}\n").expect("he");
+    let out = k3mini()
+        .args(["capture", "--raw-prompts", "--teacher"])
+        .arg(&teacher)
+        .arg("--prompts")
+        .arg(&he)
+        .arg("--out")
+        .arg(d.join("he-store"))
+        .output()
+        .expect("spawn");
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && e.contains("eval_only"), "{e}");
+    let bad =
+        std::fs::read_to_string(&onp).expect("toml").replace(&prompts.display().to_string(), &he.display().to_string());
+    std::fs::write(d.join("bad-onp.toml"), bad).expect("write");
+    let out = k3mini()
+        .arg("distill")
+        .arg("--config")
+        .arg(d.join("bad-onp.toml"))
+        .arg("--out")
+        .arg(d.join("he-run"))
+        .output()
+        .expect("spawn");
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && e.contains("eval_only"), "{e}");
+
     // `distill` without a [distill] section says what is missing.
     let out =
         k3mini().arg("distill").arg("--config").arg(&scfg).arg("--out").arg(d.join("nod")).output().expect("spawn");

@@ -11,6 +11,7 @@
 
 pub mod corpus;
 pub mod dataset;
+pub mod prompts;
 pub mod shards;
 pub mod signals;
 pub mod tok;

@@ -126,6 +126,12 @@ fn read_prompts(path: &Path, ds: &Dataset) -> Result<Vec<Vec<u32>>> {
     let mut out = Vec::new();
     for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         let prompt = match serde_json::from_str::<serde_json::Value>(line) {
+            Ok(serde_json::Value::Object(o)) if o.get("eval_only") == Some(&serde_json::Value::Bool(true)) => {
+                return Err(bad(format!(
+                    "line {} is marked \"eval_only\" (e.g. HumanEval): evaluation prompts never become training data",
+                    n + 1
+                )))
+            }
             Ok(serde_json::Value::Object(o)) => o
                 .get("prompt")
                 .and_then(|v| v.as_str())
