@@ -13,6 +13,7 @@ mod native;
 mod openai;
 mod plot;
 mod prompts;
+mod quant_eval;
 mod routing_report;
 mod routing_stats;
 #[cfg(feature = "train")]
@@ -160,7 +161,20 @@ enum Cmd {
         ty: String,
         #[arg(long)]
         out: PathBuf,
+        /// Importance-weighted Q4_0: calibrate on this dataset's train split (built with the
+        /// model's tokenizer) and choose each block's scale by the activations it meets.
+        #[arg(long)]
+        calib: Option<PathBuf>,
+        #[arg(long, default_value_t = 32)]
+        calib_windows: usize,
+        #[arg(long, default_value_t = 256)]
+        calib_context: usize,
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
     },
+    /// KL divergence to the f32 model, top-1 agreement and perplexity of quantized GGUFs on
+    /// held-out windows (pure Rust).
+    QuantEval(quant_eval::QuantEvalArgs),
 }
 
 #[derive(clap::Args)]
@@ -285,7 +299,14 @@ fn run() -> Result<()> {
         Cmd::Data(DataCmd::Build { sources, tokenizer, out, val_permille }) => {
             data_build(sources, tokenizer, out, val_permille)
         }
-        Cmd::Quantize { model, ty, out } => native::quantize(&model, &ty, &out),
+        Cmd::Quantize { model, ty, out, calib, calib_windows, calib_context, threads } => {
+            let imp = match &calib {
+                Some(d) => Some(quant_eval::calibrate(&model, d, calib_windows, calib_context, threads)?),
+                None => None,
+            };
+            native::quantize(&model, &ty, &out, imp.as_ref())
+        }
+        Cmd::QuantEval(a) => quant_eval::quant_eval(&a),
         #[cfg(not(feature = "train"))]
         Cmd::Logits { engine, .. } => bail!(
             "--engine `{engine}`: this k3mini was built without the `train` feature (libtorch); allowed here: native"

@@ -155,11 +155,22 @@ pub fn generate(a: &GenerateArgs) -> Result<()> {
     Ok(())
 }
 
-pub fn quantize(model: &Path, ty: &str, out: &Path) -> Result<()> {
+pub fn quantize(
+    model: &Path,
+    ty: &str,
+    out: &Path,
+    importance: Option<&std::collections::BTreeMap<String, Vec<f32>>>,
+) -> Result<()> {
     let qt = k3_quant::QuantType::parse(ty)?;
-    let r =
-        if model.is_file() { k3_quant::requantize_gguf(model, qt, out) } else { k3_quant::export_gguf(model, qt, out) }
-            .with_context(|| format!("quantizing {}", model.display()))?;
+    if importance.is_some() && qt != k3_quant::QuantType::Q4_0 {
+        bail!("--calib: importance-weighted quantization is built for --type q4_0 only");
+    }
+    let r = if model.is_file() {
+        k3_quant::requantize_gguf(model, qt, out)
+    } else {
+        k3_quant::export_gguf_calibrated(model, qt, out, importance)
+    }
+    .with_context(|| format!("quantizing {}", model.display()))?;
     for f in &r.fallbacks {
         eprintln!("fallback: {f}");
     }

@@ -8,6 +8,7 @@
 //! One file per component, mirroring k3-train: [`kda`], [`mla`], [`ffn`], [`moe`], [`kimi`]
 //! (the stack and AttnRes), [`llama`]; weights live in [`linear::Matrix`] in any ggml type.
 
+pub mod calib;
 pub mod engine;
 pub mod ffn;
 pub mod kda;

@@ -19,6 +19,8 @@ pub struct Matrix {
     pub data: Vec<u8>,
     /// The integer kernels' layout of a Q4_0 / Q4_1 / Q8_0 matrix (then the only copy).
     pub packed: Option<Arc<Packed>>,
+    /// The GGUF tensor this matrix is (calibration records its inputs under this name).
+    pub name: Option<Arc<str>>,
 }
 
 impl Matrix {
@@ -26,15 +28,21 @@ impl Matrix {
     pub fn new(rows: usize, cols: usize, ty: GgmlType, data: Vec<u8>) -> Self {
         debug_assert_eq!(data.len(), rows * ty.row_bytes(cols));
         match Packed::pack(ty, rows, cols, &data) {
-            Some(p) => Self { rows, cols, ty, data: Vec::new(), packed: Some(Arc::new(p)) },
-            None => Self { rows, cols, ty, data, packed: None },
+            Some(p) => Self { rows, cols, ty, data: Vec::new(), packed: Some(Arc::new(p)), name: None },
+            None => Self { rows, cols, ty, data, packed: None, name: None },
         }
     }
 
     /// An f32 matrix from values in row-major order.
     pub fn from_f32(rows: usize, cols: usize, v: &[f32]) -> Self {
         debug_assert_eq!(v.len(), rows * cols);
-        Self { rows, cols, ty: GgmlType::F32, data: GgmlType::F32.quantize_row(v), packed: None }
+        Self { rows, cols, ty: GgmlType::F32, data: GgmlType::F32.quantize_row(v), packed: None, name: None }
+    }
+
+    /// The same matrix, named after the GGUF tensor it is.
+    pub fn named(mut self, name: &str) -> Self {
+        self.name = Some(name.into());
+        self
     }
 
     pub fn row_bytes(&self) -> usize {
@@ -68,6 +76,7 @@ impl Matrix {
                 ty: self.ty,
                 data: Vec::new(),
                 packed: Some(Arc::new(p.select_rows(perm))),
+                name: None,
             };
         }
         let b = self.row_bytes();
@@ -75,7 +84,7 @@ impl Matrix {
         for &p in perm {
             data.extend_from_slice(&self.data[p * b..(p + 1) * b]);
         }
-        Matrix { rows: perm.len(), cols: self.cols, ty: self.ty, data, packed: None }
+        Matrix { rows: perm.len(), cols: self.cols, ty: self.ty, data, packed: None, name: None }
     }
 
     /// Bytes of weight data (for bandwidth figures).
@@ -119,6 +128,9 @@ impl Matrix {
     pub fn matmul(&self, x: &[f32], t: usize, y: &mut [f32], cx: Compute) {
         debug_assert_eq!(x.len(), t * self.cols);
         debug_assert_eq!(y.len(), t * self.rows);
+        if let Some(n) = &self.name {
+            crate::calib::record(n, x, t, self.cols);
+        }
         let (rows, cols) = (self.rows, self.cols);
         if let (Some(p), false) = (&self.packed, cx.exact) {
             return self.matmul_packed(p, x, t, y, cx.threads);

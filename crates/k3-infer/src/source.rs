@@ -119,29 +119,33 @@ impl Source {
         Ok(v)
     }
 
-    /// A 2-D linear weight `[rows = out, cols = in]` by HF name.
+    /// A 2-D linear weight `[rows = out, cols = in]` by HF name, named after its GGUF tensor.
     pub fn matrix(&self, hf: &str, rows: usize, cols: usize) -> Result<Matrix> {
-        match self {
-            Source::Hf { .. } => Ok(Matrix::from_f32(rows, cols, &self.hf_f32(hf)?)),
-            Source::Gguf { config, .. } => {
-                let name = match gguf_name(hf) {
-                    Some(n) => n,
-                    // `g_proj` is the full-rank KDA gate or the MLA output gate, by layer type.
-                    None if hf.ends_with(".self_attn.g_proj.weight") => {
-                        let layer: usize = hf
-                            .trim_start_matches("model.layers.")
-                            .split('.')
-                            .next()
-                            .and_then(|x| x.parse().ok())
-                            .ok_or_else(|| Error::Invalid(format!("internal: bad name `{hf}`")))?;
-                        let kda =
-                            matches!(config, ModelConfig::Kimi(c) if c.layers[layer].mixer == k3_config::Mixer::Kda);
-                        blk(layer, if kda { "ssm_g.weight" } else { "attn_gate.weight" })
-                    }
-                    None => return Err(Error::Invalid(format!("internal: no GGUF name for `{hf}`"))),
-                };
-                self.gguf_matrix(&name, rows, cols)
+        let name = self.gguf_name_of(hf)?;
+        let m = match self {
+            Source::Hf { .. } => Matrix::from_f32(rows, cols, &self.hf_f32(hf)?),
+            Source::Gguf { .. } => self.gguf_matrix(&name, rows, cols)?,
+        };
+        Ok(m.named(&name))
+    }
+
+    /// The GGUF tensor name of an HF weight name.
+    fn gguf_name_of(&self, hf: &str) -> Result<String> {
+        match gguf_name(hf) {
+            Some(n) => Ok(n),
+            // `g_proj` is the full-rank KDA gate or the MLA output gate, by layer type.
+            None if hf.ends_with(".self_attn.g_proj.weight") => {
+                let layer: usize = hf
+                    .trim_start_matches("model.layers.")
+                    .split('.')
+                    .next()
+                    .and_then(|x| x.parse().ok())
+                    .ok_or_else(|| Error::Invalid(format!("internal: bad name `{hf}`")))?;
+                let kda =
+                    matches!(self.config(), ModelConfig::Kimi(c) if c.layers[layer].mixer == k3_config::Mixer::Kda);
+                Ok(blk(layer, if kda { "ssm_g.weight" } else { "attn_gate.weight" }))
             }
+            None => Err(Error::Invalid(format!("internal: no GGUF name for `{hf}`"))),
         }
     }
 
@@ -221,7 +225,15 @@ impl Source {
     /// Routed expert `e` of layer `i`: gate/up [F_e, Lt], down [Lt, F_e].
     pub fn expert(&self, i: usize, e: usize, part: ExpertPart, fe: usize, width: usize) -> Result<Matrix> {
         let (rows, cols) = if part == ExpertPart::Down { (width, fe) } else { (fe, width) };
-        match self {
+        let stack = blk(
+            i,
+            match part {
+                ExpertPart::Gate => "ffn_gate_exps.weight",
+                ExpertPart::Up => "ffn_up_exps.weight",
+                ExpertPart::Down => "ffn_down_exps.weight",
+            },
+        );
+        let m = match self {
             Source::Hf { .. } => {
                 let [w1, w3, w2] = k3_format::weights::expert_names(i, e);
                 let name = match part {
@@ -229,17 +241,10 @@ impl Source {
                     ExpertPart::Up => w3,
                     ExpertPart::Down => w2,
                 };
-                Ok(Matrix::from_f32(rows, cols, &self.hf_f32(&name)?))
+                Matrix::from_f32(rows, cols, &self.hf_f32(&name)?)
             }
             Source::Gguf { file, .. } => {
-                let name = blk(
-                    i,
-                    match part {
-                        ExpertPart::Gate => "ffn_gate_exps.weight",
-                        ExpertPart::Up => "ffn_up_exps.weight",
-                        ExpertPart::Down => "ffn_down_exps.weight",
-                    },
-                );
+                let name = &stack;
                 let (ty, info, bytes) = file.tensor_data(&name)?;
                 if info.ne.len() != 3 || info.ne[0] as usize != cols || info.ne[1] as usize != rows {
                     return Err(Error::Invalid(format!(
@@ -249,9 +254,11 @@ impl Source {
                     )));
                 }
                 let per = ty.row_bytes(cols) * rows;
-                Ok(Matrix::new(rows, cols, ty, bytes[e * per..(e + 1) * per].to_vec()))
+                Matrix::new(rows, cols, ty, bytes[e * per..(e + 1) * per].to_vec())
             }
-        }
+        };
+        // Each expert of the stacked GGUF tensor calibrates on its own: `NAME#e`.
+        Ok(m.named(&format!("{stack}#{e}")))
     }
 
     /// An AttnRes score vector `norm ⊙ proj` [C]: `prefix` is `model.layers.{i}.self_attention_res`,

@@ -6,14 +6,14 @@
 //! - for the 4-bit types the output head is written as Q8_0 (llama-quantize uses Q6_K, which
 //!   K3-Mini does not write yet).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use k3_config::{KdaOutGate, Mixer, ModelConfig};
 use k3_format::gguf::{GgufWriter, Value};
 use k3_format::gguf_map::{blk, config_metadata, gguf_name, GgufArch};
 use k3_format::{tensor_specs, Checkpoint};
-use k3_kernels::quant::GgmlType;
+use k3_kernels::quant::{q4_0, GgmlType};
 
 use crate::tokenizer_meta::tokenizer_metadata;
 use crate::{Error, Result};
@@ -211,6 +211,55 @@ fn gguf_tensors(ck: &Checkpoint, arch: GgufArch) -> Result<Vec<Out>> {
 
 /// Quantize the checkpoint in `dir` to `out` (atomically). Returns what was written.
 pub fn export_gguf(dir: &Path, qt: QuantType, out: &Path) -> Result<ExportReport> {
+    export_gguf_calibrated(dir, qt, out, None)
+}
+
+/// Per-element weights for importance-weighted quantization of `data` (a [.., cols] tensor):
+/// w = imp[col] · sqrt(σ² + x²), σ² the tensor row's mean square (llama.cpp's Q4_0 rule).
+fn element_weights(data: &[f32], imp: &[f32]) -> Vec<f32> {
+    let cols = imp.len();
+    let mut w = Vec::with_capacity(data.len());
+    for row in data.chunks_exact(cols) {
+        let sigma2 = row.iter().map(|v| v * v).sum::<f32>() / cols as f32;
+        w.extend(row.iter().zip(imp).map(|(x, i)| i * (sigma2 + x * x).sqrt()));
+    }
+    w
+}
+
+/// Q4_0 of `data` [.., cols] weighted by calibration, when `importance` has the tensor: one
+/// vector [cols] under `name`, or one per routed expert under `name#e` (a stacked [E, rows, cols]
+/// tensor; an expert calibration never reached gets uniform column weights).
+fn calibrated_q4_0(
+    name: &str,
+    shape: &[usize],
+    data: &[f32],
+    importance: &BTreeMap<String, Vec<f32>>,
+) -> Option<Vec<u8>> {
+    let cols = *shape.last()?;
+    if let Some(imp) = importance.get(name).filter(|v| v.len() == cols) {
+        return Some(q4_0::quantize_weighted(data, &element_weights(data, imp)));
+    }
+    if shape.len() == 3 && importance.contains_key(&format!("{name}#0")) {
+        let per = shape[1] * cols;
+        let ones = vec![1.0f32; cols];
+        let mut out = Vec::new();
+        for (e, chunk) in data.chunks_exact(per).enumerate() {
+            let imp = importance.get(&format!("{name}#{e}")).filter(|v| v.len() == cols).unwrap_or(&ones);
+            out.extend(q4_0::quantize_weighted(chunk, &element_weights(chunk, imp)));
+        }
+        return Some(out);
+    }
+    None
+}
+
+/// [`export_gguf`], with Q4_0 tensors importance-weighted from calibration sums
+/// (`k3_infer::calib`: mean x² per input column, by GGUF tensor name) when given.
+pub fn export_gguf_calibrated(
+    dir: &Path,
+    qt: QuantType,
+    out: &Path,
+    importance: Option<&BTreeMap<String, Vec<f32>>>,
+) -> Result<ExportReport> {
     let ck = Checkpoint::open(dir)?;
     let cfg = ck.config.clone();
     let arch = GgufArch::for_config(&cfg);
@@ -241,7 +290,7 @@ pub fn export_gguf(dir: &Path, qt: QuantType, out: &Path) -> Result<ExportReport
         }
     }
     let target = qt.ggml();
-    let (mut kept, mut fallbacks, mut bytes) = (0, Vec::new(), 0u64);
+    let (mut kept, mut fallbacks, mut bytes, mut calibrated) = (0, Vec::new(), 0u64, 0usize);
     let tensors = gguf_tensors(&ck, arch)?;
     let n = tensors.len();
     for (name, shape, data) in tensors {
@@ -264,12 +313,23 @@ pub fn export_gguf(dir: &Path, qt: QuantType, out: &Path) -> Result<ExportReport
             ));
             ty = GgmlType::F16;
         }
-        let enc = ty.quantize_row(&data);
+        let weighted = match (importance, ty) {
+            (Some(imp), GgmlType::Q4_0) => calibrated_q4_0(&name, &shape, &data, imp),
+            _ => None,
+        };
+        calibrated += usize::from(weighted.is_some());
+        let enc = weighted.unwrap_or_else(|| ty.quantize_row(&data));
         bytes += enc.len() as u64;
         w.tensor(&name, &shape, ty, enc)?;
     }
     if matches!(qt, QuantType::Q4_0 | QuantType::Q4_1) {
         notes.push("output.weight written as Q8_0 (llama-quantize would use Q6_K)".into());
+    }
+    if importance.is_some() {
+        notes.push(format!(
+            "{calibrated} Q4_0 tensors importance-weighted from calibration; the rest (never multiplied in calibration, \
+             or another type) quantized as usual"
+        ));
     }
     w.write(out)?;
     Ok(ExportReport { arch, tensors: n, bytes, kept_f32: kept, fallbacks, notes })

@@ -5,7 +5,7 @@
 pub mod export;
 pub mod tokenizer_meta;
 
-pub use export::{export_gguf, requantize_gguf, ExportReport, QuantType};
+pub use export::{export_gguf, export_gguf_calibrated, requantize_gguf, ExportReport, QuantType};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

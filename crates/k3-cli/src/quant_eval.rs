@@ -1,0 +1,166 @@
+//! Importance-weighted quantization and how quantized models are judged (the llama.cpp rule for
+//! a new quant type): `quantize --calib DATASET` gathers the mean squared activation of every
+//! weight's input columns over calibration windows of the dataset's train split, and
+//! `quant-eval` measures KL divergence to the f32 model and perplexity on held-out windows.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use k3_infer::{Logits, Model};
+use serde_json::json;
+
+use crate::capture::log_softmax;
+
+/// `n` windows of `ctx` tokens spread evenly over a token set.
+fn windows(set: &k3_data::shards::TokenSet, n: usize, ctx: usize) -> Vec<Vec<u32>> {
+    let ctx = ctx.min(set.len);
+    let n = n.min(set.len / ctx.max(1)).max(1);
+    (0..n)
+        .map(|w| {
+            let start = if n > 1 { w * (set.len - ctx) / (n - 1) } else { 0 };
+            let mut out = Vec::with_capacity(ctx);
+            set.read(start, ctx, &mut out);
+            out
+        })
+        .collect()
+}
+
+fn check_vocab(model: &Model, ds: &k3_data::dataset::Dataset, what: &Path) -> Result<()> {
+    if ds.meta.vocab_size > model.vocab_size() {
+        bail!(
+            "{}: vocabulary {} is smaller than the dataset {}'s ({}); use a dataset built with the model's tokenizer",
+            what.display(),
+            model.vocab_size(),
+            ds.dir.display(),
+            ds.meta.vocab_size
+        );
+    }
+    Ok(())
+}
+
+/// Mean x² per input column of every weight of the f32 checkpoint `model`, over `n` windows of
+/// `ctx` tokens from `data`'s train split.
+pub fn calibrate(
+    model: &Path,
+    data: &Path,
+    n: usize,
+    ctx: usize,
+    threads: usize,
+) -> Result<BTreeMap<String, Vec<f32>>> {
+    if model.is_file() {
+        bail!("--calib needs the f32 checkpoint directory, not a GGUF: calibration measures the unquantized model");
+    }
+    let m = crate::native::load(model, threads, true)?;
+    let ds = k3_data::dataset::Dataset::open(data).with_context(|| format!("--calib {}", data.display()))?;
+    check_vocab(&m, &ds, model)?;
+    let ws = windows(&ds.train, n, ctx.min(m.n_ctx));
+    let t0 = std::time::Instant::now();
+    k3_infer::calib::start();
+    for w in &ws {
+        let mut st = m.new_state();
+        if let Err(e) = m.forward(w, &mut st, Logits::Last) {
+            k3_infer::calib::finish();
+            return Err(e.into());
+        }
+    }
+    let imp = k3_infer::calib::finish();
+    eprintln!(
+        "calibration: {} windows x {} tokens of {} (train split), {} weight matrices, {:.1}s",
+        ws.len(),
+        ws.first().map_or(0, Vec::len),
+        data.display(),
+        imp.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(imp)
+}
+
+#[derive(clap::Args)]
+pub struct QuantEvalArgs {
+    /// The reference: the f32 checkpoint directory (or an f32 GGUF).
+    #[arg(long)]
+    reference: PathBuf,
+    /// A quantized GGUF to judge (repeatable).
+    #[arg(long = "model", required = true)]
+    models: Vec<PathBuf>,
+    /// A dataset built with the model's tokenizer; its validation split is read.
+    #[arg(long)]
+    data: PathBuf,
+    #[arg(long, default_value_t = 16)]
+    windows: usize,
+    #[arg(long, default_value_t = 256)]
+    context: usize,
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+pub fn quant_eval(a: &QuantEvalArgs) -> Result<()> {
+    let reference = crate::native::load(&a.reference, a.threads, true)?;
+    let ds = k3_data::dataset::Dataset::open(&a.data).with_context(|| format!("--data {}", a.data.display()))?;
+    check_vocab(&reference, &ds, &a.reference)?;
+    let ws = windows(&ds.val, a.windows, a.context.min(reference.n_ctx));
+    let v = reference.vocab_size();
+    // The reference's log-probabilities once: [windows][T, V].
+    let mut ref_lp = Vec::with_capacity(ws.len());
+    for w in &ws {
+        let mut st = reference.new_state();
+        let mut l = reference.forward(w, &mut st, Logits::All)?;
+        l.chunks_exact_mut(v).for_each(|r| log_softmax(r, 1.0));
+        ref_lp.push(l);
+    }
+    let nll = |lp: &[f32], w: &[u32]| -> f64 {
+        (0..w.len() - 1).map(|i| -(lp[i * v + w[i + 1] as usize] as f64)).sum::<f64>() / (w.len() - 1) as f64
+    };
+    let ref_nll = ws.iter().zip(&ref_lp).map(|(w, lp)| nll(lp, w)).sum::<f64>() / ws.len() as f64;
+    println!(
+        "reference  {}: ppl {:.3} ({} windows x {} tokens, val split)",
+        a.reference.display(),
+        ref_nll.exp(),
+        ws.len(),
+        ws[0].len()
+    );
+    println!("{:<48} {:>10} {:>12} {:>10} {:>10} {:>8}", "model", "MiB", "KL (nats)", "top-1", "ppl", "Δppl %");
+    let mut rows = Vec::new();
+    for path in &a.models {
+        let m = crate::native::load(path, a.threads, false)?;
+        if m.vocab_size() != v {
+            bail!("{}: vocabulary {} differs from the reference's {v}", path.display(), m.vocab_size());
+        }
+        let (mut kl, mut top1, mut n, mut q_nll) = (0.0f64, 0usize, 0usize, 0.0f64);
+        for (w, rl) in ws.iter().zip(&ref_lp) {
+            let mut st = m.new_state();
+            let mut l = m.forward(w, &mut st, Logits::All)?;
+            l.chunks_exact_mut(v).for_each(|r| log_softmax(r, 1.0));
+            for (p, q) in rl.chunks_exact(v).zip(l.chunks_exact(v)) {
+                kl += p.iter().zip(q).map(|(&lp, &lq)| (lp as f64).exp() * (lp - lq) as f64).sum::<f64>();
+                let am = |r: &[f32]| r.iter().enumerate().max_by(|x, y| x.1.total_cmp(y.1)).map_or(0, |x| x.0);
+                top1 += usize::from(am(p) == am(q));
+                n += 1;
+            }
+            q_nll += nll(&l, w);
+        }
+        let (kl, top1, ppl) = (kl / n as f64, top1 as f64 / n as f64, (q_nll / ws.len() as f64).exp());
+        let mib = std::fs::metadata(path).map_or(0.0, |m| m.len() as f64 / (1 << 20) as f64);
+        println!(
+            "{:<48} {:>10.2} {:>12.5} {:>10.4} {:>10.3} {:>8.2}",
+            path.display().to_string(),
+            mib,
+            kl,
+            top1,
+            ppl,
+            100.0 * (ppl / ref_nll.exp() - 1.0)
+        );
+        rows.push(json!({"model": path.display().to_string(), "mib": mib, "kl": kl, "top1": top1, "ppl": ppl}));
+    }
+    if let Some(p) = &a.json {
+        let text = serde_json::to_string_pretty(&json!({
+            "reference": a.reference.display().to_string(), "reference_ppl": ref_nll.exp(),
+            "windows": ws.len(), "context": ws[0].len(), "data": a.data.display().to_string(), "models": rows,
+        }))?;
+        k3_format::safetensors_io::write_atomic(p, text.as_bytes())?;
+    }
+    Ok(())
+}
