@@ -139,7 +139,7 @@ impl Kda {
         if t == 1 {
             core::kda_step_fused(&mut o, &q, &k, &v, &g, &beta, &mut st.s, kd, kd, cx.threads);
         } else {
-            core::kda_chunk(&mut o, &q, &k, &v, &g, &beta, &mut st.s, h, kd, kd, CHUNK);
+            core::kda_chunk_parallel(&mut o, &q, &k, &v, &g, &beta, &mut st.s, h, kd, kd, CHUNK, cx.threads);
         }
 
         // Gated per-head RMSNorm: normalise first, gate second (sigmoid).
