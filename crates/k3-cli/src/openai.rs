@@ -9,8 +9,8 @@
 //! (`Unusable`), and the capture maps entries to positions accordingly or refuses.
 //!
 //! Requests retry with exponential backoff (transport errors, 408, 429, 5xx; `Retry-After` is
-//! honoured) and are spaced to `--max-rps`. Plain `http://` only in this build: `https://`
-//! endpoints need a TLS-enabled HTTP client, which is not built in yet.
+//! honoured) and are spaced to `--max-rps`. `http://` and `https://` (rustls, with the Mozilla
+//! root certificates built in: no system certificate store is read).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -39,11 +39,8 @@ pub struct Endpoint {
 impl Endpoint {
     /// `url` is the server root or its `/v1`; `model` defaults to the first of `/v1/models`.
     pub fn connect(url: &str, model: Option<&str>, api_key: Option<String>, max_rps: f64) -> Result<Self> {
-        if url.starts_with("https://") {
-            bail!("{url}: this build speaks plain http:// only (no TLS client yet); put a local proxy in front");
-        }
-        if !url.starts_with("http://") {
-            bail!("{url}: an OpenAI-compatible endpoint URL starts with http://");
+        if !url.starts_with("http://") && !url.starts_with("https://") {
+            bail!("{url}: an OpenAI-compatible endpoint URL starts with http:// or https://");
         }
         let base = url.trim_end_matches('/').trim_end_matches("/v1").to_string();
         let agent = ureq::AgentBuilder::new()
