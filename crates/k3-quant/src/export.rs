@@ -20,12 +20,16 @@ use crate::{Error, Result};
 
 /// The `--type` of `k3mini quantize`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(non_camel_case_types)] // ggml's names
 pub enum QuantType {
     F32,
     F16,
     Q8_0,
     Q4_0,
     Q4_1,
+    /// Q4_K everywhere it fits, the head in Q6_K (llama.cpp's Q4_K_S).
+    Q4_K,
+    Q6_K,
 }
 
 impl QuantType {
@@ -36,9 +40,11 @@ impl QuantType {
             "q8_0" => QuantType::Q8_0,
             "q4_0" => QuantType::Q4_0,
             "q4_1" => QuantType::Q4_1,
+            "q4_k" | "q4_k_s" => QuantType::Q4_K,
+            "q6_k" => QuantType::Q6_K,
             other => {
                 return Err(Error::Invalid(format!(
-                    "--type `{other}` is not supported; allowed: f32, f16, q8_0, q4_0, q4_1"
+                    "--type `{other}` is not supported; allowed: f32, f16, q8_0, q4_0, q4_1, q4_k, q6_k"
                 )))
             }
         })
@@ -51,6 +57,17 @@ impl QuantType {
             QuantType::Q8_0 => GgmlType::Q8_0,
             QuantType::Q4_0 => GgmlType::Q4_0,
             QuantType::Q4_1 => GgmlType::Q4_1,
+            QuantType::Q4_K => GgmlType::Q4_K,
+            QuantType::Q6_K => GgmlType::Q6_K,
+        }
+    }
+
+    /// The type of the output head (llama-quantize keeps it at higher precision for 4-bit types).
+    fn head(self) -> GgmlType {
+        match self {
+            QuantType::Q4_0 | QuantType::Q4_1 => GgmlType::Q8_0,
+            QuantType::Q4_K => GgmlType::Q6_K,
+            other => other.ggml(),
         }
     }
 
@@ -62,6 +79,8 @@ impl QuantType {
             QuantType::Q4_0 => 2,
             QuantType::Q4_1 => 3,
             QuantType::Q8_0 => 7,
+            QuantType::Q4_K => 14,
+            QuantType::Q6_K => 18,
         }
     }
 }
@@ -209,6 +228,15 @@ fn gguf_tensors(ck: &Checkpoint, arch: GgufArch) -> Result<Vec<Out>> {
     Ok(out)
 }
 
+/// The type for rows that do not fit the requested type's block: Q8_0 when they fit its 32, else F16.
+fn fallback(ne0: usize) -> GgmlType {
+    if ne0.is_multiple_of(32) {
+        GgmlType::Q8_0
+    } else {
+        GgmlType::F16
+    }
+}
+
 /// Quantize the checkpoint in `dir` to `out` (atomically). Returns what was written.
 pub fn export_gguf(dir: &Path, qt: QuantType, out: &Path) -> Result<ExportReport> {
     export_gguf_calibrated(dir, qt, out, None)
@@ -300,18 +328,20 @@ pub fn export_gguf_calibrated(
                 kept += 1;
             }
             GgmlType::F32
-        } else if name == "output.weight" && matches!(qt, QuantType::Q4_0 | QuantType::Q4_1) {
-            GgmlType::Q8_0
+        } else if name == "output.weight" {
+            qt.head()
         } else {
             target
         };
         if ne0 % ty.block_elems() != 0 {
+            let to = fallback(ne0);
             fallbacks.push(format!(
-                "{name}: rows of {ne0} are not a multiple of {}'s block of {} → F16",
+                "{name}: rows of {ne0} are not a multiple of {}'s block of {} → {}",
                 ty.name(),
-                ty.block_elems()
+                ty.block_elems(),
+                to.name()
             ));
-            ty = GgmlType::F16;
+            ty = to;
         }
         let weighted = match (importance, ty) {
             (Some(imp), GgmlType::Q4_0) => calibrated_q4_0(&name, &shape, &data, imp),
@@ -361,14 +391,20 @@ pub fn requantize_gguf(input: &Path, qt: QuantType, out: &Path) -> Result<Export
         let mut ty = if qt == QuantType::F32 || !allows_quantization(&t.name, t.ne.len()) {
             kept += usize::from(qt != QuantType::F32);
             GgmlType::F32
-        } else if is_head && matches!(qt, QuantType::Q4_0 | QuantType::Q4_1) {
-            GgmlType::Q8_0
+        } else if is_head {
+            qt.head()
         } else {
             qt.ggml()
         };
         if !ne0.is_multiple_of(ty.block_elems()) {
-            fallbacks.push(format!("{}: rows of {ne0} are not a multiple of {}'s block → F16", t.name, ty.name()));
-            ty = GgmlType::F16;
+            let to = fallback(ne0);
+            fallbacks.push(format!(
+                "{}: rows of {ne0} are not a multiple of {}'s block → {}",
+                t.name,
+                ty.name(),
+                to.name()
+            ));
+            ty = to;
         }
         let enc = ty.quantize_row(&data);
         bytes += enc.len() as u64;

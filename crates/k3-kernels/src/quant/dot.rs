@@ -13,6 +13,7 @@ impl GgmlType {
         match self {
             GgmlType::Q4_0 | GgmlType::Q8_0 => GgmlType::Q8_0,
             GgmlType::Q4_1 => GgmlType::Q8_1,
+            GgmlType::Q4_K | GgmlType::Q6_K => GgmlType::Q8_K,
             other => other,
         }
     }
@@ -34,6 +35,16 @@ impl GgmlType {
             GgmlType::Q4_0 => vec_dot_q4_0_q8_0(w, x),
             GgmlType::Q4_1 => vec_dot_q4_1_q8_1(w, x),
             GgmlType::Q8_0 => vec_dot_q8_0_q8_0(w, x),
+            GgmlType::Q4_K => super::k_quants::vec_dot_q4_k_q8_k(w, x),
+            GgmlType::Q6_K => super::k_quants::vec_dot_q6_k_q8_k(w, x),
+            // Q8_K is an activation format; as a weight (never written by ggml) dot the values.
+            GgmlType::Q8_K => {
+                let n = w.len() / super::k_quants::Q8K_BYTES * super::k_quants::QK;
+                let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+                super::k_quants::dequantize_q8_k(w, &mut a);
+                super::k_quants::dequantize_q8_k(x, &mut b);
+                a.iter().zip(&b).map(|(p, q)| p * q).sum()
+            }
             GgmlType::F16 => vec_dot_half(w, x, f16_at),
             GgmlType::BF16 => vec_dot_half(w, x, |b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()),
             GgmlType::F32 | GgmlType::Q8_1 => {

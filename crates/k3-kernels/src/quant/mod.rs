@@ -5,12 +5,14 @@
 
 pub mod dot;
 pub mod float;
+pub mod k_quants;
 pub mod q4_0;
 pub mod q4_1;
 pub mod q8_0;
 
 /// The ggml tensor types K3-Mini reads and writes. Ids are ggml's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types)] // ggml's names
 pub enum GgmlType {
     F32,
     F16,
@@ -19,6 +21,9 @@ pub enum GgmlType {
     Q4_1,
     Q8_0,
     Q8_1,
+    Q4_K,
+    Q6_K,
+    Q8_K,
 }
 
 impl GgmlType {
@@ -30,6 +35,9 @@ impl GgmlType {
             GgmlType::Q4_1 => 3,
             GgmlType::Q8_0 => 8,
             GgmlType::Q8_1 => 9,
+            GgmlType::Q4_K => 12,
+            GgmlType::Q6_K => 14,
+            GgmlType::Q8_K => 15,
             GgmlType::BF16 => 30,
         }
     }
@@ -42,6 +50,9 @@ impl GgmlType {
             3 => GgmlType::Q4_1,
             8 => GgmlType::Q8_0,
             9 => GgmlType::Q8_1,
+            12 => GgmlType::Q4_K,
+            14 => GgmlType::Q6_K,
+            15 => GgmlType::Q8_K,
             30 => GgmlType::BF16,
             _ => return None,
         })
@@ -79,6 +90,7 @@ impl GgmlType {
     pub fn block_elems(self) -> usize {
         match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
+            GgmlType::Q4_K | GgmlType::Q6_K | GgmlType::Q8_K => k_quants::QK,
             _ => 32,
         }
     }
@@ -92,6 +104,9 @@ impl GgmlType {
             GgmlType::Q4_1 => 20,
             GgmlType::Q8_0 => 34,
             GgmlType::Q8_1 => 36,
+            GgmlType::Q4_K => k_quants::Q4K_BYTES,
+            GgmlType::Q6_K => k_quants::Q6K_BYTES,
+            GgmlType::Q8_K => k_quants::Q8K_BYTES,
         }
     }
 
@@ -114,6 +129,9 @@ impl GgmlType {
             GgmlType::Q4_1 => q4_1::quantize_ref(x),
             GgmlType::Q8_0 => q8_0::quantize_ref(x),
             GgmlType::Q8_1 => q8_0::quantize_q8_1_ref(x),
+            GgmlType::Q4_K => k_quants::quantize_q4_k(x),
+            GgmlType::Q6_K => k_quants::quantize_q6_k(x),
+            GgmlType::Q8_K => k_quants::quantize_q8_k(x),
         }
     }
 
@@ -130,6 +148,9 @@ impl GgmlType {
             GgmlType::Q4_0 => q4_0::dequantize_ref(bytes, out),
             GgmlType::Q4_1 => q4_1::dequantize_ref(bytes, out),
             GgmlType::Q8_0 | GgmlType::Q8_1 => q8_0::dequantize_ref(self, bytes, out),
+            GgmlType::Q4_K => k_quants::dequantize_q4_k(bytes, out),
+            GgmlType::Q6_K => k_quants::dequantize_q6_k(bytes, out),
+            GgmlType::Q8_K => k_quants::dequantize_q8_k(bytes, out),
         }
     }
 
@@ -171,6 +192,9 @@ mod tests {
             (GgmlType::Q8_1, 0.002, 0.02),
             (GgmlType::F16, 0.0001, 0.0001),
             (GgmlType::BF16, 0.0001, 0.001),
+            (GgmlType::Q4_K, 0.002, 0.02),
+            (GgmlType::Q6_K, 0.002, 0.02),
+            (GgmlType::Q8_K, 0.002, 0.02),
         ] {
             let bytes = ty.quantize_row(&x);
             assert_eq!(bytes.len(), ty.row_bytes(n), "{}", ty.name());
@@ -181,11 +205,11 @@ mod tests {
             let dot = ty.dot_ref(&bytes, &y) as f64;
             let per = ((dot - dot_true).abs() / n as f64) as f32;
             assert!(per < dot_budget, "{}: dot error {per} ≥ {dot_budget}", ty.name());
-            if ty == GgmlType::Q8_1 {
-                continue; // an activation-only format: nothing is stored as Q8_1
+            if ty == GgmlType::Q8_1 || ty == GgmlType::Q8_K {
+                continue; // activation-only formats: nothing is stored as Q8_1 / Q8_K
             }
             // ggml's test-quantize-fns path: the activation quantized to vec_dot_type, integer dot.
-            let yq = ty.vec_dot_type().quantize_row(&y);
+            let yq = ty.quantize_activation(&y);
             let per = ((ty.vec_dot(&bytes, &yq) as f64 - dot_true).abs() / n as f64) as f32;
             assert!(per < 0.02, "{}: quantized-activation dot error {per}", ty.name());
         }
