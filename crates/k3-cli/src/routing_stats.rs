@@ -182,7 +182,7 @@ fn heatmaps(
     // Co-activation lift for up to four evenly spaced MoE layers, per domain.
     let picks: Vec<usize> = {
         let n = stats.len();
-        let mut v: Vec<usize> = (0..n.min(4)).map(|i| i * n / n.min(4).max(1)).collect();
+        let mut v: Vec<usize> = (0..n.min(4)).map(|i| i * n / n.clamp(1, 4)).collect();
         v.dedup();
         v
     };

@@ -12,6 +12,7 @@ use crate::moe::Moe;
 use crate::source::Source;
 use crate::Result;
 
+#[allow(clippy::large_enum_variant)] // one per layer, built once
 pub enum Mixer {
     Kda(Kda),
     Mla(Mla),

@@ -245,7 +245,7 @@ impl Source {
             }
             Source::Gguf { file, .. } => {
                 let name = &stack;
-                let (ty, info, bytes) = file.tensor_data(&name)?;
+                let (ty, info, bytes) = file.tensor_data(name)?;
                 if info.ne.len() != 3 || info.ne[0] as usize != cols || info.ne[1] as usize != rows {
                     return Err(Error::Invalid(format!(
                         "{}: tensor `{name}` has ggml dims {:?}, expected [{cols}, {rows}, E]",

@@ -73,7 +73,7 @@ pub fn render_heatmap(map: &Heatmap) -> Vec<u8> {
         }
     }
     let ink = [20, 20, 20];
-    let step = ((cols + 15) / 16).max(1);
+    let step = cols.div_ceil(16).max(1);
     for c in (0..cols).step_by(step) {
         let label = c.to_string();
         cv.text((left + c * cw + cw / 2) as i64 - 3 * label.len() as i64, (top + rows * ch + 6) as i64, &label, ink);
