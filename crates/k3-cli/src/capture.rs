@@ -252,13 +252,28 @@ pub fn run(a: &CaptureArgs) -> Result<()> {
             let key = std::env::var(&a.api_key_env).ok();
             let mut e = crate::openai::Endpoint::connect(u, a.model.as_deref(), key, a.max_rps)?;
             let p = crate::openai::probe(&mut e)?;
-            eprintln!("probe: alignment {:?} ({})", p.alignment, p.evidence);
+            eprintln!(
+                "probe: {}",
+                if p.prompt_logprobs {
+                    "prompt_logprobs by token id (vLLM): windows go as ids".to_string()
+                } else {
+                    format!("alignment {:?} ({})", p.alignment, p.evidence)
+                }
+            );
             let id = TeacherId {
                 kind: "openai".into(),
                 name: format!("{} {}", e.base, e.model),
                 fingerprint: e.model.clone(),
             };
-            (Backend::Endpoint(Box::new(crate::openai::EndpointTeacher::new(e, p.alignment, &tok)?)), id)
+            (
+                Backend::Endpoint(Box::new(crate::openai::EndpointTeacher::new(
+                    e,
+                    p.alignment,
+                    p.prompt_logprobs,
+                    &tok,
+                )?)),
+                id,
+            )
         }
         None => {
             let (mut model, warnings) =
@@ -336,7 +351,7 @@ pub fn run(a: &CaptureArgs) -> Result<()> {
                 }
             }
             Backend::Endpoint(e) => {
-                let Some(got) = e.window(&tokens[..a.seq_len], w.header.top_k)? else {
+                let Some(got) = e.window_with_next(&tokens[..a.seq_len + 1], w.header.top_k)? else {
                     eprintln!("\nwindow {i}: the endpoint tokenized its text differently; skipped");
                     continue;
                 };
@@ -432,7 +447,7 @@ fn run_prompts(a: &CaptureArgs, prompts: &Path, tail: TailPolicy) -> Result<()> 
             };
             header.top_k = a.top_k.min(20);
             let mut w = SignalWriter::open(&a.out, header)?;
-            let mut t = crate::openai::EndpointTeacher::new(e, crate::openai::Alignment::Aligned, &tok)?;
+            let mut t = crate::openai::EndpointTeacher::new(e, crate::openai::Alignment::Aligned, false, &tok)?;
             let (max_new, k, temp) = (a.max_new, w.header.top_k, a.sample_temperature);
             crate::trajectories::capture(&mut w, &list, |p| {
                 let prompt_ids = tok.encode(p)?;

@@ -143,6 +143,26 @@ impl Endpoint {
     }
 }
 
+/// Pad to k with "no information" entries far below the top-1 (the store needs k); the tail is
+/// the mass the entries leave.
+fn pad_topk(tids: &mut Vec<u32>, lps: &mut Vec<f32>, k: usize) -> TopK {
+    let mut pad = 0u32;
+    while tids.len() < k {
+        if !tids.contains(&pad) {
+            tids.push(pad);
+            lps.push(lps.first().copied().unwrap_or(0.0) - 15.9);
+        }
+        pad += 1;
+    }
+    let kept: f64 = lps.iter().map(|&l| (l as f64).exp()).sum();
+    let tail = (1.0 - kept).max(0.0);
+    TopK {
+        ids: std::mem::take(tids),
+        logprobs: std::mem::take(lps),
+        tail_logmass: if tail > 0.0 { tail.ln() as f32 } else { f32::NEG_INFINITY },
+    }
+}
+
 /// A legacy-completions `top_logprobs` entry ({text: log-prob}) as (text, log-prob), best first.
 fn parse_top(v: &Value) -> Option<Vec<(String, f32)>> {
     let mut top: Vec<(String, f32)> =
@@ -262,6 +282,9 @@ pub fn probe(e: &mut Endpoint) -> Result<Probe> {
 pub struct EndpointTeacher {
     pub endpoint: Endpoint,
     pub alignment: Alignment,
+    /// The server takes token ids as the prompt and returns vLLM's id-keyed `prompt_logprobs`:
+    /// then windows go by id (no text, no retokenization, no alignment question).
+    pub by_ids: bool,
     /// Each token's text, by id.
     pieces: Vec<String>,
     /// Token text → id (the lowest id when several decode to the same text).
@@ -275,8 +298,8 @@ pub struct EndpointTeacher {
 }
 
 impl EndpointTeacher {
-    pub fn new(endpoint: Endpoint, alignment: Alignment, tok: &Tok) -> Result<Self> {
-        if alignment == Alignment::Unusable {
+    pub fn new(endpoint: Endpoint, alignment: Alignment, by_ids: bool, tok: &Tok) -> Result<Self> {
+        if alignment == Alignment::Unusable && !by_ids {
             bail!(
                 "{}: the probe found the echoed log-probabilities unusable (no echo + logprobs, or entries that match \
                  neither their own token nor the next); run `k3mini teacher probe` for details",
@@ -296,7 +319,64 @@ impl EndpointTeacher {
             }
             pieces.push(s);
         }
-        Ok(Self { endpoint, alignment, pieces, by_text, ambiguous_texts, unmapped_entries: 0, retokenized_windows: 0 })
+        Ok(Self {
+            endpoint,
+            alignment,
+            by_ids,
+            pieces,
+            by_text,
+            ambiguous_texts,
+            unmapped_entries: 0,
+            retokenized_windows: 0,
+        })
+    }
+
+    /// The top-k after each of `ids[..n−1]` (teacher-forced), `ids` holding one token more than the
+    /// positions wanted. By id when the server has `prompt_logprobs`, else through echoed text.
+    pub fn window_with_next(&mut self, ids: &[u32], k: usize) -> Result<Option<Vec<TopK>>> {
+        if self.by_ids {
+            self.window_ids(ids, k).map(Some)
+        } else {
+            self.window(&ids[..ids.len() - 1], k)
+        }
+    }
+
+    /// vLLM: the prompt as token ids with `prompt_logprobs`; entry i + 1 is the distribution
+    /// after token i, keyed by token id ({"id": {"logprob": …, "rank": …, "decoded_token": …}}).
+    fn window_ids(&mut self, ids: &[u32], k: usize) -> Result<Vec<TopK>> {
+        let body = json!({"model": self.endpoint.model, "prompt": ids, "max_tokens": 1, "temperature": 0,
+                          "prompt_logprobs": k});
+        let v = self.endpoint.post("/v1/completions", &body)?;
+        let pl = v["choices"][0]["prompt_logprobs"]
+            .as_array()
+            .with_context(|| format!("{}: the response has no choices[0].prompt_logprobs", self.endpoint.base))?;
+        if pl.len() != ids.len() {
+            bail!(
+                "{}: prompt_logprobs has {} entries for a prompt of {} ids (the server re-tokenized the ids?)",
+                self.endpoint.base,
+                pl.len(),
+                ids.len()
+            );
+        }
+        let mut out = Vec::with_capacity(ids.len() - 1);
+        for (t, entry) in pl.iter().enumerate().skip(1) {
+            let obj = entry
+                .as_object()
+                .with_context(|| format!("{}: prompt_logprobs[{t}] is not an object", self.endpoint.base))?;
+            let mut top: Vec<(u32, f32)> = obj
+                .iter()
+                .filter_map(|(id, x)| {
+                    let lp = x.get("logprob").and_then(Value::as_f64).or_else(|| x.as_f64())?;
+                    Some((id.parse::<u32>().ok()?, lp as f32))
+                })
+                .filter(|(id, _)| (*id as usize) < self.pieces.len())
+                .collect();
+            top.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            top.truncate(k);
+            let (mut tids, mut lps): (Vec<u32>, Vec<f32>) = top.into_iter().unzip();
+            out.push(pad_topk(&mut tids, &mut lps, k));
+        }
+        Ok(out)
     }
 
     /// The top-k after each of `ids` (teacher-forced). `None` when the server tokenizes the text
@@ -349,18 +429,7 @@ impl EndpointTeacher {
                 _ => self.unmapped_entries += 1,
             }
         }
-        // Pad to k with "no information" entries far below the top-1 (the store needs k).
-        let mut pad = 0u32;
-        while tids.len() < k {
-            if !tids.contains(&pad) {
-                tids.push(pad);
-                lps.push(lps.first().copied().unwrap_or(0.0) - 15.9);
-            }
-            pad += 1;
-        }
-        let kept: f64 = lps.iter().map(|&l| (l as f64).exp()).sum();
-        let tail = (1.0 - kept).max(0.0);
-        TopK { ids: tids, logprobs: lps, tail_logmass: if tail > 0.0 { tail.ln() as f32 } else { f32::NEG_INFINITY } }
+        pad_topk(&mut tids, &mut lps, k)
     }
 
     /// The distribution after a one-token prompt: the generated token's `top_logprobs`.

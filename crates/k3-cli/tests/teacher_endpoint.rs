@@ -155,3 +155,80 @@ fn probe_and_capture_through_llama_cpp_python_server() {
         );
     }
 }
+
+/// vLLM's path: the prompt as token ids, `prompt_logprobs` keyed by id. A stand-in server
+/// (tools/reference/mock_vllm.py, stdlib only) answers like vLLM and logs what it returned; every
+/// stored position must be the top-k of the entry after its token, ids exact.
+#[test]
+fn capture_by_ids_through_vllm_prompt_logprobs() {
+    let Some(py) = python() else { return };
+    let d = scratch("vllm");
+    let ds = d.join("ds");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../k3-config/src");
+    run(k3mini()
+        .args(["data", "build", "--tokenizer", "bpe:300", "--val-permille", "200", "--out"])
+        .arg(&ds)
+        .arg("--source")
+        .arg(format!("dir:{}", src.display())));
+    let meta: Value =
+        serde_json::from_str(&std::fs::read_to_string(ds.join("meta.json")).expect("meta")).expect("json");
+    let vocab = meta["vocab_size"].as_u64().expect("vocab");
+    let port = 18_000 + (std::process::id() % 1000) as u16;
+    let log = d.join("answers.jsonl");
+    let child = Command::new(&py)
+        .arg(tool("mock_vllm.py"))
+        .args([port.to_string(), vocab.to_string()])
+        .arg(&log)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn the mock");
+    let _server = Server(child);
+    let t0 = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "the mock did not start");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let url = format!("http://127.0.0.1:{port}/v1");
+    let probe = run(k3mini().args(["probe", "--endpoint", &url]));
+    let p: Value = serde_json::from_str(probe.trim()).expect("probe json");
+    assert_eq!(p["prompt_logprobs"], true, "{probe}");
+    let store = d.join("store");
+    let text = run(k3mini()
+        .args(["capture", "--top-k", "4", "--seq-len", "16", "--windows", "3", "--teacher", &url, "--tokenizer"])
+        .arg(ds.join("tokenizer.json"))
+        .arg("--data")
+        .arg(&ds)
+        .arg("--out")
+        .arg(&store));
+    assert!(text.contains("prompt_logprobs by token id"), "{text}");
+    let answers: Vec<Value> =
+        std::fs::read_to_string(&log).expect("log").lines().map(|l| serde_json::from_str(l).expect("json")).collect();
+    let s = SignalStore::open(&store).expect("store");
+    assert_eq!(s.num_windows(), 3);
+    for i in 0..3 {
+        let w = s.window(i).expect("window");
+        let ids: Vec<u64> = w.tokens.iter().map(|&t| t as u64).collect();
+        let a = answers
+            .iter()
+            .find(|a| a["ids"].as_array().expect("ids").iter().map(|x| x.as_u64()).eq(ids.iter().map(|&x| Some(x))))
+            .expect("the server saw this window's ids");
+        assert_eq!(w.positions.len(), 16);
+        for (t, pos) in w.positions.iter().enumerate() {
+            // The distribution after token t is entry t + 1.
+            let mut want: Vec<(u32, f64)> = a["prompt_logprobs"][t + 1]
+                .as_object()
+                .expect("entry")
+                .iter()
+                .map(|(k, v)| (k.parse().expect("id"), v["logprob"].as_f64().expect("lp")))
+                .collect();
+            want.sort_by(|x, y| y.1.total_cmp(&x.1).then(x.0.cmp(&y.0)));
+            want.truncate(4);
+            let got: Vec<u32> = pos.ids.clone();
+            assert_eq!(got, want.iter().map(|x| x.0).collect::<Vec<_>>(), "window {i} position {t}");
+            for (l, (_, wl)) in pos.logprobs.iter().zip(&want) {
+                assert!((*l as f64 - wl).abs() < 0.07, "window {i} position {t}: {l} vs {wl}");
+            }
+        }
+    }
+}
