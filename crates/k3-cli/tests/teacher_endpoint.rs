@@ -48,12 +48,17 @@ fn server(py: &Path, gguf: &Path, port: u16) -> Option<Server> {
         .spawn()
         .expect("spawn the server");
     let s = Server(child);
+    wait_for(port, 120);
+    Some(s)
+}
+
+/// Block until something listens on `port`, failing after `secs`.
+fn wait_for(port: u16, secs: u64) {
     let t0 = Instant::now();
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(t0.elapsed() < Duration::from_secs(120), "the server did not start in 120 s");
-        std::thread::sleep(Duration::from_millis(200));
+        assert!(t0.elapsed() < Duration::from_secs(secs), "nothing listened on port {port} within {secs} s");
+        std::thread::sleep(Duration::from_millis(100));
     }
-    Some(s)
 }
 
 #[test]
@@ -184,11 +189,7 @@ fn capture_by_ids_through_vllm_prompt_logprobs() {
         .spawn()
         .expect("spawn the mock");
     let _server = Server(child);
-    let t0 = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(t0.elapsed() < Duration::from_secs(30), "the mock did not start");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for(port, 30);
     let url = format!("http://127.0.0.1:{port}/v1");
     let probe = run(k3mini().args(["probe", "--endpoint", &url]));
     let p: Value = serde_json::from_str(probe.trim()).expect("probe json");

@@ -166,13 +166,7 @@ pub fn dequantize_q4_k(b: &[u8], out: &mut [f32]) {
 /// ggml `make_qx_quants` with rmse_type 1 (weights x²): signed codes in [−nmax, nmax − 1] stored
 /// offset by nmax; returns the scale.
 fn make_qx(x: &[f32], nmax: i32, l: &mut [u8]) -> f32 {
-    let (mut amax, mut max) = (0f32, 0f32);
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
+    let (amax, max) = super::abs_max(x);
     if amax < 1e-15 {
         l.iter_mut().for_each(|v| *v = 0);
         return 0.0;
@@ -293,13 +287,7 @@ pub fn dequantize_q6_k(b: &[u8], out: &mut [f32]) {
 pub fn quantize_q8_k(x: &[f32]) -> Vec<u8> {
     let mut out = Vec::with_capacity(x.len() / QK * Q8K_BYTES);
     for blk in x.chunks_exact(QK) {
-        let (mut amax, mut max) = (0f32, 0f32);
-        for &v in blk {
-            if v.abs() > amax {
-                amax = v.abs();
-                max = v;
-            }
-        }
+        let (amax, max) = super::abs_max(blk);
         let mut qs = [0i8; QK];
         let mut d = 0f32;
         if amax != 0.0 {

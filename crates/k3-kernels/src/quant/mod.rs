@@ -11,6 +11,19 @@ pub mod q4_1;
 pub mod q8_0;
 
 /// The ggml tensor types K3-Mini reads and writes. Ids are ggml's.
+/// The largest |x| and the signed value that has it (the first, on ties), as ggml's quantizers
+/// find them.
+pub(crate) fn abs_max(x: &[f32]) -> (f32, f32) {
+    let (mut amax, mut max) = (0f32, 0f32);
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    (amax, max)
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[allow(non_camel_case_types)] // ggml's names
 pub enum GgmlType {

@@ -10,13 +10,7 @@ pub const BYTES: usize = 18;
 pub fn quantize_ref(x: &[f32]) -> Vec<u8> {
     let mut out = Vec::with_capacity(x.len() / BLOCK * BYTES);
     for blk in x.chunks_exact(BLOCK) {
-        let (mut amax, mut max) = (0f32, 0f32);
-        for &v in blk {
-            if amax < v.abs() {
-                amax = v.abs();
-                max = v;
-            }
-        }
+        let (_, max) = super::abs_max(blk);
         let d = max / -8.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         out.extend_from_slice(&f16_le(d));
@@ -83,13 +77,7 @@ fn half_round(d: f32) -> f32 {
 }
 
 fn best_block(blk: &[f32], w: &[f32]) -> (f32, [u8; BLOCK]) {
-    let (mut amax, mut max) = (0f32, 0f32);
-    for &v in blk {
-        if amax < v.abs() {
-            amax = v.abs();
-            max = v;
-        }
-    }
+    let (amax, max) = super::abs_max(blk);
     let d0 = max / -8.0;
     let q0 = codes(blk, d0);
     let mut best = (werr(blk, w, d0, &q0), d0, q0);
