@@ -452,7 +452,7 @@ fn run_prompts(a: &CaptureArgs, prompts: &Path, tail: TailPolicy) -> Result<()> 
             crate::trajectories::capture(&mut w, &list, |p| {
                 let prompt_ids = tok.encode(p)?;
                 Ok(crate::trajectories::generate_endpoint(&mut t, p, max_new, k, temp)?
-                    .map(|(g, tops)| (prompt_ids, g, tops)))
+                    .map(|a| crate::trajectories::Answer { prompt: prompt_ids, ..a }))
             })?
         }
         None => {
@@ -472,7 +472,7 @@ fn run_prompts(a: &CaptureArgs, prompts: &Path, tail: TailPolicy) -> Result<()> 
                 let m = slot.take().context("the teacher model")?;
                 let (m, g, tops) = crate::trajectories::generate_engine(m, &ids, max_new, k, sampling.clone(), &stop)?;
                 slot = Some(m);
-                Ok(Some((ids, g, tops)))
+                Ok(Some(crate::trajectories::Answer { prompt: ids, generated: g, tops, reasoning: None }))
             })?
         }
     };

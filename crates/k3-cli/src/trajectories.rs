@@ -70,14 +70,15 @@ pub fn generate_engine(
     Ok((engine.model, generated, tops))
 }
 
-/// An endpoint's chat answer, mapped to ids: `None` when a token cannot be mapped.
+/// An endpoint's chat answer, mapped to ids (`None` when a token cannot be mapped), with a
+/// reasoning model's separate reasoning text (`reasoning_content` or `reasoning`) when present.
 pub fn generate_endpoint(
     t: &mut crate::openai::EndpointTeacher,
     prompt: &str,
     max_new: usize,
     k: usize,
     temperature: f32,
-) -> Result<Option<(Vec<u32>, Vec<TopK>)>> {
+) -> Result<Option<Answer>> {
     let body = json!({"model": t.endpoint.model, "messages": [{"role": "user", "content": prompt}],
                       "max_tokens": max_new, "temperature": temperature, "logprobs": true,
                       "top_logprobs": k.min(20)});
@@ -102,7 +103,17 @@ pub fn generate_endpoint(
             .unwrap_or_default();
         tops.push(t.entries_to_topk(&entries, k));
     }
-    Ok(Some((ids, tops)))
+    let msg = &v["choices"][0]["message"];
+    let reasoning = ["reasoning_content", "reasoning"].iter().find_map(|f| msg[*f].as_str()).map(str::to_string);
+    Ok(Some(Answer { prompt: Vec::new(), generated: ids, tops, reasoning }))
+}
+
+/// A teacher's answer to one prompt.
+pub struct Answer {
+    pub prompt: Vec<u32>,
+    pub generated: Vec<u32>,
+    pub tops: Vec<TopK>,
+    pub reasoning: Option<String>,
 }
 
 pub struct TrajectoryStats {
@@ -116,7 +127,7 @@ pub struct TrajectoryStats {
 pub fn capture(
     w: &mut SignalWriter,
     prompts: &[String],
-    mut gen: impl FnMut(&str) -> Result<Option<(Vec<u32>, Vec<u32>, Vec<TopK>)>>,
+    mut gen: impl FnMut(&str) -> Result<Option<Answer>>,
 ) -> Result<TrajectoryStats> {
     let first = w.counts[1];
     let mut st = TrajectoryStats { done: 0, skipped: 0, tokens: 0, seconds: 0.0 };
@@ -126,12 +137,12 @@ pub fn capture(
     for (i, p) in prompts.iter().enumerate().skip(first) {
         let t0 = std::time::Instant::now();
         match gen(p)? {
-            Some((prompt_ids, generated, tops)) => {
-                let q: Vec<TopK> = tops.iter().map(|t| signals::decode_roundtrip(t, &w.header)).collect();
-                w.append_trajectory(&prompt_ids, &generated, &q)?;
+            Some(a) => {
+                let q: Vec<TopK> = a.tops.iter().map(|t| signals::decode_roundtrip(t, &w.header)).collect();
+                w.append_trajectory_with(&a.prompt, &a.generated, &q, a.reasoning.as_deref())?;
                 w.sync()?;
                 st.done += 1;
-                st.tokens += generated.len();
+                st.tokens += a.generated.len();
             }
             None => {
                 // Recorded empty, so a resumed capture still knows this prompt was tried.

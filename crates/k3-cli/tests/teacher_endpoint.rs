@@ -184,6 +184,7 @@ fn capture_by_ids_through_vllm_prompt_logprobs() {
         .arg(tool("mock_vllm.py"))
         .args([port.to_string(), vocab.to_string()])
         .arg(&log)
+        .arg(ds.join("tokenizer.json"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -212,7 +213,9 @@ fn capture_by_ids_through_vllm_prompt_logprobs() {
         let ids: Vec<u64> = w.tokens.iter().map(|&t| t as u64).collect();
         let a = answers
             .iter()
-            .find(|a| a["ids"].as_array().expect("ids").iter().map(|x| x.as_u64()).eq(ids.iter().map(|&x| Some(x))))
+            .filter_map(|a| Some((a, a["ids"].as_array()?)))
+            .find(|(_, got)| got.iter().map(|x| x.as_u64()).eq(ids.iter().map(|&x| Some(x))))
+            .map(|(a, _)| a)
             .expect("the server saw this window's ids");
         assert_eq!(w.positions.len(), 16);
         for (t, pos) in w.positions.iter().enumerate() {
@@ -231,5 +234,30 @@ fn capture_by_ids_through_vllm_prompt_logprobs() {
                 assert!((*l as f64 - wl).abs() < 0.07, "window {i} position {t}: {l} vs {wl}");
             }
         }
+    }
+
+    // Trajectories from a reasoning model: the separate reasoning text is kept with the answer.
+    let prompts = d.join("prompts.txt");
+    std::fs::write(&prompts, "Write a function.\nExplain a loop.\n").expect("prompts");
+    let traj = d.join("traj");
+    let text = run(k3mini()
+        .args(["capture", "--top-k", "3", "--max-new", "6", "--teacher", &url, "--tokenizer"])
+        .arg(ds.join("tokenizer.json"))
+        .arg("--prompts")
+        .arg(&prompts)
+        .arg("--out")
+        .arg(&traj));
+    assert!(text.contains("2 answered"), "{text}");
+    let chats: Vec<Vec<u32>> = std::fs::read_to_string(&log)
+        .expect("log")
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok()?.get("chat_ids").cloned())
+        .map(|v| v.as_array().expect("ids").iter().map(|x| x.as_u64().expect("id") as u32).collect())
+        .collect();
+    let s = SignalStore::open(&traj).expect("store");
+    for i in 0..2 {
+        let t = s.trajectory(i).expect("trajectory");
+        assert_eq!(t.generated, chats[chats.len() - 2 + i], "trajectory {i}: the answer's ids");
+        assert_eq!(t.reasoning.as_deref(), Some("The user wants 6 tokens; think, then answer."));
     }
 }

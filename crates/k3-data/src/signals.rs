@@ -149,6 +149,8 @@ pub struct Trajectory {
     pub prompt: Vec<u32>,
     pub generated: Vec<u32>,
     pub positions: Vec<TopK>,
+    /// A reasoning model's separate reasoning text (`reasoning_content`), when it sent one.
+    pub reasoning: Option<String>,
 }
 
 fn crc32(b: &[u8]) -> u32 {
@@ -388,6 +390,18 @@ impl SignalWriter {
 
     /// A trajectory: the prompt, the teacher's continuation and its top-k per generated token.
     pub fn append_trajectory(&mut self, prompt: &[u32], generated: &[u32], positions: &[TopK]) -> Result<()> {
+        self.append_trajectory_with(prompt, generated, positions, None)
+    }
+
+    /// [`Self::append_trajectory`] with the teacher's separate reasoning text, stored after the
+    /// positions as `u32 length + UTF-8` (records without it end at the positions).
+    pub fn append_trajectory_with(
+        &mut self,
+        prompt: &[u32],
+        generated: &[u32],
+        positions: &[TopK],
+        reasoning: Option<&str>,
+    ) -> Result<()> {
         if positions.len() != generated.len() || positions.iter().any(|p| p.ids.len() != self.header.top_k) {
             return Err(Error::Invalid(format!(
                 "trajectory: {} generated tokens need as many top-{} positions, got {}",
@@ -404,6 +418,10 @@ impl SignalWriter {
         }
         for t in positions {
             encode_topk(&mut p, t, self.header.wide());
+        }
+        if let Some(r) = reasoning {
+            p.extend_from_slice(&(r.len() as u32).to_le_bytes());
+            p.extend_from_slice(r.as_bytes());
         }
         self.append(Kind::Trajectory, &p)
     }
@@ -527,11 +545,16 @@ impl SignalStore {
         let ids: Vec<u32> = (0..np + ng).map(|j| u32_at(8 + 4 * j)).collect::<Option<_>>().ok_or_else(bad)?;
         let body = p.get(8 + 4 * (np + ng)..).ok_or_else(bad)?;
         let per = self.header.bytes_per_position();
-        if body.len() != ng * per {
-            return Err(bad());
-        }
+        let (body, rest) = body.split_at_checked(ng * per).ok_or_else(bad)?;
+        let reasoning = match rest.len() {
+            0 => None,
+            n if n >= 4 && u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize == n - 4 => {
+                Some(String::from_utf8(rest[4..].to_vec()).map_err(|_| bad())?)
+            }
+            _ => return Err(bad()),
+        };
         let positions = body.chunks_exact(per).map(|b| decode_topk(b, self.header.top_k, self.header.wide())).collect();
-        Ok(Trajectory { prompt: ids[..np].to_vec(), generated: ids[np..].to_vec(), positions })
+        Ok(Trajectory { prompt: ids[..np].to_vec(), generated: ids[np..].to_vec(), positions, reasoning })
     }
 
     /// Bytes per predicted position, all records included.
@@ -663,12 +686,16 @@ mod tests {
         let tops: Vec<TopK> = (0..3).map(|j| top_k(&dense(300, 99 + j), 8)).collect();
         assert!(w.append_trajectory(&[1, 2], &[3, 4, 5], &tops[..1]).is_err(), "one top-k per generated token");
         w.append_trajectory(&[1, 2], &[3, 4, 5], &tops).expect("traj");
+        w.append_trajectory_with(&[7], &[8], &tops[..1], Some("first, think: ½ + ½ = 1")).expect("reasoning");
         w.append_router_stats(&[(3, vec![1.0, 2.0])]).expect("router");
         w.sync().expect("sync");
         let s = SignalStore::open(&d).expect("open");
-        assert_eq!((s.num_windows(), s.trajectories, s.router_stats), (4, 1, 1));
+        assert_eq!((s.num_windows(), s.trajectories, s.router_stats), (4, 2, 1));
         let t = s.trajectory(0).expect("trajectory");
         assert_eq!((t.prompt.as_slice(), t.generated.as_slice()), (&[1u32, 2][..], &[3u32, 4, 5][..]));
+        assert_eq!(t.reasoning, None);
+        let r = s.trajectory(1).expect("with reasoning");
+        assert_eq!((r.generated.as_slice(), r.reasoning.as_deref()), (&[8u32][..], Some("first, think: ½ + ½ = 1")));
         assert_eq!(
             t.positions.iter().map(|p| p.ids.clone()).collect::<Vec<_>>(),
             tops.iter().map(|p| p.ids.clone()).collect::<Vec<_>>()
