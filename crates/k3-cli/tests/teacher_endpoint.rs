@@ -178,7 +178,8 @@ fn capture_by_ids_through_vllm_prompt_logprobs() {
     let meta: Value =
         serde_json::from_str(&std::fs::read_to_string(ds.join("meta.json")).expect("meta")).expect("json");
     let vocab = meta["vocab_size"].as_u64().expect("vocab");
-    let port = 18_000 + (std::process::id() % 1000) as u16;
+    // Not the llama.cpp test's port: the two tests run at the same time.
+    let port = 19_000 + (std::process::id() % 1000) as u16;
     let log = d.join("answers.jsonl");
     let child = Command::new(&py)
         .arg(tool("mock_vllm.py"))
