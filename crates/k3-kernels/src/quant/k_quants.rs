@@ -26,6 +26,22 @@ pub fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     }
 }
 
+/// Pack eight 6-bit (scale, min) pairs into Q4_K's 12 bytes (the inverse of [`scale_min_k4`]).
+pub fn pack_scale_min_k4(pairs: &[(u8, u8)]) -> [u8; 12] {
+    let mut sc = [0u8; 12];
+    for (j, &(ls, lm)) in pairs.iter().enumerate().take(8) {
+        if j < 4 {
+            sc[j] = ls;
+            sc[j + 4] = lm;
+        } else {
+            sc[j + 4] = (ls & 0xF) | ((lm & 0xF) << 4);
+            sc[j - 4] |= (ls >> 4) << 6;
+            sc[j] |= (lm >> 4) << 6;
+        }
+    }
+    sc
+}
+
 /// ggml `make_qkx2_quants`: codes in [0, nmax] with a scale and a (non-positive) min chosen by a
 /// weighted least-squares search; returns (scale, −min).
 #[allow(clippy::too_many_arguments)]
@@ -110,19 +126,10 @@ pub fn quantize_q4_k(x: &[f32]) -> Vec<u8> {
         }
         let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
         let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
-        let mut sc = [0u8; 12];
-        for j in 0..8 {
-            let ls = nearest(inv_scale * scales[j]).min(63) as u8;
-            let lm = nearest(inv_min * mins[j]).min(63) as u8;
-            if j < 4 {
-                sc[j] = ls;
-                sc[j + 4] = lm;
-            } else {
-                sc[j + 4] = (ls & 0xF) | ((lm & 0xF) << 4);
-                sc[j - 4] |= (ls >> 4) << 6;
-                sc[j] |= (lm >> 4) << 6;
-            }
-        }
+        let six: Vec<(u8, u8)> = (0..8)
+            .map(|j| (nearest(inv_scale * scales[j]).min(63) as u8, nearest(inv_min * mins[j]).min(63) as u8))
+            .collect();
+        let sc = pack_scale_min_k4(&six);
         let (d, dmin) = (f16_le(max_scale / 63.0), f16_le(max_min / 63.0));
         let (df, dminf) = (f16_at(&d), f16_at(&dmin));
         for j in 0..8 {
@@ -378,17 +385,7 @@ mod tests {
         for trial in 0..64u32 {
             let vals: Vec<(u8, u8)> =
                 (0..8).map(|j| (((trial * 7 + j * 13) % 64) as u8, ((trial * 11 + j * 5) % 64) as u8)).collect();
-            let mut sc = [0u8; 12];
-            for (j, &(ls, lm)) in vals.iter().enumerate() {
-                if j < 4 {
-                    sc[j] = ls;
-                    sc[j + 4] = lm;
-                } else {
-                    sc[j + 4] = (ls & 0xF) | ((lm & 0xF) << 4);
-                    sc[j - 4] |= (ls >> 4) << 6;
-                    sc[j] |= (lm >> 4) << 6;
-                }
-            }
+            let sc = pack_scale_min_k4(&vals);
             for (j, &v) in vals.iter().enumerate() {
                 assert_eq!(scale_min_k4(j, &sc), v, "sub-block {j}");
             }
