@@ -301,6 +301,9 @@ fn run() -> Result<()> {
         }
         Cmd::Quantize { model, ty, out, calib, calib_windows, calib_context, threads } => {
             let imp = match &calib {
+                Some(_) if k3_quant::QuantType::parse(&ty)? != k3_quant::QuantType::Q4_0 => {
+                    bail!("--calib: importance-weighted quantization is built for --type q4_0 only")
+                }
                 Some(d) => Some(quant_eval::calibrate(&model, d, calib_windows, calib_context, threads)?),
                 None => None,
             };

@@ -21,6 +21,32 @@ pub(crate) fn load(path: &Path, threads: usize, exact: bool) -> Result<Model> {
     Ok(model)
 }
 
+/// Continue `prompt` with up to `max_new` tokens drawn by `sampling` (temperature 0: greedy),
+/// ending early after `stop` (kept).
+pub fn continue_ids(
+    model: &Model,
+    prompt: &[u32],
+    max_new: usize,
+    sampling: SamplerConfig,
+    stop: Option<u32>,
+) -> k3_infer::Result<Vec<u32>> {
+    let mut st = model.new_state();
+    let mut logits = model.forward(prompt, &mut st, Logits::Last)?;
+    let mut sampler = k3_infer::Sampler::new(sampling);
+    let mut history = prompt.to_vec();
+    let mut out = Vec::with_capacity(max_new);
+    while out.len() < max_new {
+        let x = sampler.sample(&logits, &history);
+        out.push(x);
+        history.push(x);
+        if Some(x) == stop || out.len() == max_new {
+            break;
+        }
+        logits = model.forward(&[x], &mut st, Logits::Last)?;
+    }
+    Ok(out)
+}
+
 pub fn logits(path: &Path, ids: &[i64], out: &Path, threads: usize, exact: bool) -> Result<()> {
     let model = load(path, threads, exact)?;
     let toks: Vec<u32> = ids.iter().map(|&x| x as u32).collect();
@@ -162,9 +188,6 @@ pub fn quantize(
     importance: Option<&std::collections::BTreeMap<String, Vec<f32>>>,
 ) -> Result<()> {
     let qt = k3_quant::QuantType::parse(ty)?;
-    if importance.is_some() && qt != k3_quant::QuantType::Q4_0 {
-        bail!("--calib: importance-weighted quantization is built for --type q4_0 only");
-    }
     let r = if model.is_file() {
         k3_quant::requantize_gguf(model, qt, out)
     } else {

@@ -171,6 +171,12 @@ fn parse_top(v: &Value) -> Option<Vec<(String, f32)>> {
     Some(top)
 }
 
+/// A chat message's separate reasoning text and the field it came in (`reasoning_content`, as
+/// vLLM and DeepSeek send it, or `reasoning`).
+pub fn reasoning(msg: &Value) -> Option<(&'static str, &str)> {
+    ["reasoning_content", "reasoning"].into_iter().find_map(|f| Some((f, msg.get(f)?.as_str()?)))
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Alignment {
@@ -257,9 +263,8 @@ pub fn probe(e: &mut Endpoint) -> Result<Probe> {
     );
     let (chat_logprobs, reasoning_field) = match &chat {
         Ok(v) => {
-            let msg = &v["choices"][0]["message"];
-            let r = ["reasoning_content", "reasoning"].iter().find(|f| msg.get(**f).is_some_and(|x| !x.is_null()));
-            (v["choices"][0]["logprobs"]["content"][0]["top_logprobs"].is_array(), r.map(|s| s.to_string()))
+            let r = reasoning(&v["choices"][0]["message"]).map(|(field, _)| field.to_string());
+            (v["choices"][0]["logprobs"]["content"][0]["top_logprobs"].is_array(), r)
         }
         Err(_) => (false, None),
     };

@@ -10,7 +10,6 @@ use anyhow::{bail, Context, Result};
 use k3_data::corpus::{collect, is_validation, CorpusStats, Source};
 use k3_data::prompts::{python_functions, PromptKind};
 use k3_infer::tokenizer::Tokenizer;
-use k3_infer::Logits;
 use serde_json::{json, Value};
 
 #[derive(clap::Args)]
@@ -157,17 +156,7 @@ pub fn score(a: &ScoreArgs) -> Result<()> {
             continue;
         }
         // Greedy continuation by the model.
-        let mut st = student.new_state();
-        let mut logits = student.forward(&ids, &mut st, Logits::Last)?;
-        let mut gen = Vec::new();
-        while gen.len() < a.max_new.min(room) {
-            let x = logits.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map_or(0, |x| x.0) as u32;
-            gen.push(x);
-            if Some(x) == stop {
-                break;
-            }
-            logits = student.forward(&[x], &mut st, Logits::Last)?;
-        }
+        let gen = crate::native::continue_ids(&student, &ids, a.max_new.min(room), Default::default(), stop)?;
         let seq = [&ids[..], &gen[..]].concat();
         let lp = crate::capture::teacher_logprobs(&teacher, &seq, 1.0)?;
         let (tlp, agree, n) = score_span(&lp, v_t, &seq, ids.len());

@@ -15,10 +15,9 @@ use crate::capture::log_softmax;
 /// `n` windows of `ctx` tokens spread evenly over a token set.
 fn windows(set: &k3_data::shards::TokenSet, n: usize, ctx: usize) -> Vec<Vec<u32>> {
     let ctx = ctx.min(set.len);
-    let n = n.min(set.len / ctx.max(1)).max(1);
-    (0..n)
-        .map(|w| {
-            let start = if n > 1 { w * (set.len - ctx) / (n - 1) } else { 0 };
+    k3_data::shards::spread_starts(set.len, ctx, n)
+        .into_iter()
+        .map(|start| {
             let mut out = Vec::with_capacity(ctx);
             set.read(start, ctx, &mut out);
             out

@@ -300,10 +300,10 @@ pub fn run(a: &RoutingStatsArgs) -> Result<()> {
             bail!("--data {name}: only {len} tokens");
         }
         let ctx = context.min(len);
-        let n = a.windows.min(len / ctx).max(1);
+        let starts = k3_data::shards::spread_starts(len, ctx, a.windows);
+        let n = starts.len();
         let t1 = Instant::now();
-        for w in 0..n {
-            let start = if n > 1 { w * (len - ctx) / (n - 1) } else { 0 };
+        for (w, &start) in starts.iter().enumerate() {
             collector.set_context(d, w);
             let mut st = model.new_state();
             model.forward(&toks.window(start, ctx), &mut st, Logits::Last)?;

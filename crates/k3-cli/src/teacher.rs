@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use k3_data::signals::{top_k, TopK};
-use k3_infer::{Logits, Model, Sampler, SamplerConfig};
+use k3_infer::{Model, SamplerConfig};
 use k3_train::trainer::distill::{Policy, Teacher};
 
 pub struct EngineTeacher {
@@ -72,20 +72,7 @@ impl Policy for EnginePolicy {
         stop: u32,
     ) -> std::result::Result<Vec<u32>, String> {
         let m = self.model.as_ref().ok_or("the sampler has no weights yet")?;
-        let mut st = m.new_state();
-        let mut logits = m.forward(prompt, &mut st, Logits::Last).map_err(|e| e.to_string())?;
-        let mut sampler = Sampler::new(SamplerConfig { temperature: temperature as f32, seed, ..Default::default() });
-        let mut history = prompt.to_vec();
-        let mut out = Vec::with_capacity(max_new);
-        while out.len() < max_new {
-            let x = sampler.sample(&logits, &history);
-            out.push(x);
-            history.push(x);
-            if x == stop || out.len() == max_new {
-                break;
-            }
-            logits = m.forward(&[x], &mut st, Logits::Last).map_err(|e| e.to_string())?;
-        }
-        Ok(out)
+        let sampling = SamplerConfig { temperature: temperature as f32, seed, ..Default::default() };
+        crate::native::continue_ids(m, prompt, max_new, sampling, Some(stop)).map_err(|e| e.to_string())
     }
 }

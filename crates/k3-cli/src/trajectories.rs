@@ -103,8 +103,7 @@ pub fn generate_endpoint(
             .unwrap_or_default();
         tops.push(t.entries_to_topk(&entries, k));
     }
-    let msg = &v["choices"][0]["message"];
-    let reasoning = ["reasoning_content", "reasoning"].iter().find_map(|f| msg[*f].as_str()).map(str::to_string);
+    let reasoning = crate::openai::reasoning(&v["choices"][0]["message"]).map(|(_, r)| r.to_string());
     Ok(Some(Answer { prompt: Vec::new(), generated: ids, tops, reasoning }))
 }
 

@@ -58,6 +58,13 @@ struct Shard {
     wide: bool,
 }
 
+/// Starts of up to `n` windows of `ctx` tokens spread evenly over a stream of `len` tokens (at
+/// least one; never more than fit side by side). `ctx` must be ≤ `len`.
+pub fn spread_starts(len: usize, ctx: usize, n: usize) -> Vec<usize> {
+    let n = n.min(len / ctx.max(1)).max(1);
+    (0..n).map(|w| if n > 1 { w * (len - ctx) / (n - 1) } else { 0 }).collect()
+}
+
 /// All shards of one split, as one token stream.
 pub struct TokenSet {
     shards: Vec<Shard>,
@@ -153,6 +160,13 @@ impl TokenSet {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spread_windows_cover_the_stream_end_to_end_and_never_overrun() {
+        assert_eq!(spread_starts(100, 10, 3), vec![0, 45, 90]);
+        assert_eq!(spread_starts(100, 40, 8), vec![0, 60], "at most as many as fit side by side");
+        assert_eq!(spread_starts(10, 10, 5), vec![0]);
+    }
 
     #[test]
     fn shards_round_trip_and_refuse_bad_files() {
