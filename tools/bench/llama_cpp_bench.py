@@ -34,8 +34,9 @@ def main():
     a = ap.parse_args()
     ids = [int(x) for x in open(a.ids).read().split(",") if x.strip()]
     prefill = [int(x) for x in a.prefill.split(",") if x]
-    ctxs = [int(x) for x in a.decode_ctx.split(",") if x]
-    n_ctx = max(prefill + [c + a.decode_tokens + 1 for c in ctxs]) + 16
+    ctxs = sorted({int(x) for x in a.decode_ctx.split(",") if x})
+    walk = ctxs[-1] + len(ctxs) * a.repeat * a.decode_tokens if ctxs else 0
+    n_ctx = max(prefill + [walk]) + 16
     llm = llama_cpp.Llama(model_path=a.model, n_ctx=n_ctx, n_threads=a.threads, n_threads_batch=a.threads,
                           n_batch=512, n_ubatch=512, logits_all=False, verbose=False)
     out = {"prefill": {}, "decode": {}}
@@ -48,16 +49,21 @@ def main():
             llm.eval(ids[:n])
             times.append(time.perf_counter() - t0)
         out["prefill"][str(n)] = n / statistics.median(times)
+    # One sequence grows through the contexts in ascending order, as in `k3mini bench infer`: the
+    # longest context is prefilled once, then `repeat` blocks of decode tokens are timed at each.
+    llm.reset()
+    pos = 0
     for c in ctxs:
+        if c > pos:
+            llm.eval(ids[pos:c])
+            pos = c
         rates = []
         for _ in range(a.repeat):
-            llm.reset()
-            if c > 0:
-                llm.eval(ids[:c])
             t0 = time.perf_counter()
-            for tok in ids[c:c + a.decode_tokens]:
+            for tok in ids[pos:pos + a.decode_tokens]:
                 llm.eval([tok])
             rates.append(a.decode_tokens / (time.perf_counter() - t0))
+            pos += a.decode_tokens
         out["decode"][str(c)] = statistics.median(rates)
     out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     out["llama_cpp_python"] = llama_cpp.__version__

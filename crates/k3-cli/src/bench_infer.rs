@@ -48,6 +48,21 @@ fn list(s: &str, what: &str) -> Result<Vec<usize>> {
         .collect()
 }
 
+/// The decode contexts, ascending.
+fn decode_contexts(a: &BenchInferArgs) -> Result<Vec<usize>> {
+    let mut c = list(&a.decode_ctx, "decode-ctx")?;
+    c.sort_unstable();
+    c.dedup();
+    Ok(c)
+}
+
+/// Tokens the benchmark's one id sequence needs: the longest prefill, or the decode walk.
+fn ids_needed(a: &BenchInferArgs) -> Result<usize> {
+    let ctxs = decode_contexts(a)?;
+    let walk = ctxs.last().map_or(0, |&c| c + ctxs.len() * a.repeat * a.decode_tokens);
+    Ok(list(&a.prefill, "prefill")?.into_iter().max().unwrap_or(0).max(walk).max(1))
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -140,19 +155,25 @@ fn run_ours(model: &mut Model, ids: &[u32], a: &BenchInferArgs, threads: usize) 
         }
         prefill.push((n, median(rates)));
     }
+    // Decode: one sequence grows through the contexts in ascending order (a 32K context is
+    // prefilled once, not once per repeat); at each, `repeat` blocks of `decode_tokens` are timed,
+    // the context moving on by one block each time.
     let mut decode = Vec::new();
-    for c in list(&a.decode_ctx, "decode-ctx")? {
+    let mut st = model.new_state();
+    let mut pos = 0;
+    for c in decode_contexts(a)? {
+        if c > pos {
+            feed(model, &mut st, &ids[pos..c])?;
+            pos = c;
+        }
         let mut rates = Vec::new();
         for _ in 0..a.repeat {
-            let mut st = model.new_state();
-            if c > 0 {
-                feed(model, &mut st, &ids[..c])?;
-            }
             let t0 = Instant::now();
-            for &tok in &ids[c..c + a.decode_tokens] {
+            for &tok in &ids[pos..pos + a.decode_tokens] {
                 model.forward(&[tok], &mut st, Logits::Last)?;
             }
             rates.push(a.decode_tokens as f64 / t0.elapsed().as_secs_f64());
+            pos += a.decode_tokens;
         }
         decode.push((c, median(rates)));
     }
@@ -187,11 +208,7 @@ fn run_llama(path: &Path, ids_file: &Path, a: &BenchInferArgs, threads: usize) -
 pub fn run(a: &BenchInferArgs) -> Result<()> {
     let (mut model, _) = Model::load(&a.model).with_context(|| format!("loading {}", a.model.display()))?;
     let threads = list(&a.threads, "threads")?;
-    let longest = list(&a.prefill, "prefill")?
-        .into_iter()
-        .chain(list(&a.decode_ctx, "decode-ctx")?.into_iter().map(|c| c + a.decode_tokens))
-        .max()
-        .unwrap_or(1);
+    let longest = ids_needed(a)?;
     if longest > model.n_ctx {
         bail!("the benchmark needs {longest} tokens of context, the model allows {}", model.n_ctx);
     }
@@ -215,11 +232,14 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
         weight_bytes as f64 / (1 << 20) as f64,
         a.repeat
     );
+    // Ours first at every thread count, so that our peak RSS is the engine's own (the bandwidth
+    // probe's 512 MiB buffer comes after).
+    let ours_all = threads.iter().map(|&n| run_ours(&mut model, &ids, a, n)).collect::<Result<Vec<_>>>()?;
+    let rss = peak_rss_mib();
     let mut report = Vec::new();
-    let mut plot_series = Vec::new();
-    for &n in &threads {
+    let (mut decode_series, mut prefill_series) = (Vec::new(), Vec::new());
+    for (&n, ours) in threads.iter().zip(&ours_all) {
         let bw = bandwidth_gbs(n);
-        let ours = run_ours(&mut model, &ids, a, n)?;
         let llama = if a.no_llama || a.model.is_dir() { None } else { run_llama(&a.model, &ids_file, a, n)? };
         let bound = bw * 1e9 / weight_bytes as f64;
         println!("\n{n} thread(s): read bandwidth {bw:.1} GB/s -> decode bound {bound:.1} tok/s");
@@ -239,14 +259,17 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
             }
         }
         if let Some((_, d0)) = ours.decode.iter().find(|(c, _)| *c == 0) {
-            println!("  decode @0 is {:.0}% of the bandwidth bound", 100.0 * d0 / bound);
+            let l0 = get("decode", 0).map_or(String::new(), |l| format!(", llama.cpp's {:.0}%", 100.0 * l / bound));
+            println!("  decode @0 is {:.0}% of the bandwidth bound{l0}", 100.0 * d0 / bound);
         }
-        plot_series.push((format!("ours, {n} thr"), ours.decode.clone()));
-        if let Some(l) = &llama {
-            let pts: Vec<(usize, f64)> =
-                ours.decode.iter().filter_map(|(c, _)| Some((*c, get("decode", *c)?))).collect();
-            plot_series.push((format!("llama.cpp, {n} thr"), pts));
-            let _ = l;
+        decode_series.push((format!("ours, {n} thr"), ours.decode.clone()));
+        prefill_series.push((format!("ours, {n} thr"), ours.prefill.clone()));
+        if llama.is_some() {
+            let pick = |kind: &str, pts: &[(usize, f64)]| -> Vec<(usize, f64)> {
+                pts.iter().filter_map(|(c, _)| Some((*c, get(kind, *c)?))).collect()
+            };
+            decode_series.push((format!("llama.cpp, {n} thr"), pick("decode", &ours.decode)));
+            prefill_series.push((format!("llama.cpp, {n} thr"), pick("prefill", &ours.prefill)));
         }
         report.push(json!({
             "threads": n,
@@ -256,31 +279,42 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
             "llama_cpp": llama,
         }));
     }
-    let rss = peak_rss_mib();
-    println!("\npeak RSS: ours {rss:.0} MiB (whole benchmark process; llama.cpp's is in the JSON)");
+    println!(
+        "\npeak RSS: ours {rss:.0} MiB (the benchmark process before its bandwidth probe; llama.cpp's is in the JSON)"
+    );
     let _ = std::fs::remove_file(&ids_file);
     if let Some(p) = &a.json {
         let j = json!({"model": a.model.display().to_string(), "weight_bytes_per_token": weight_bytes,
-                       "peak_rss_mib_ours": rss, "runs": report});
+                       "peak_rss_mib_ours": rss, "decode_tokens": a.decode_tokens, "repeat": a.repeat,
+                       "runs": report});
         k3_format::safetensors_io::write_atomic(p, serde_json::to_string_pretty(&j)?.as_bytes())?;
     }
     if let Some(p) = &a.plot {
-        let chart = k3_plot::Chart {
-            title: format!("decode speed, {}", a.model.file_name().map(|f| f.to_string_lossy()).unwrap_or_default()),
-            x_label: "context (tokens)".into(),
-            y_label: "tokens/s".into(),
-            series: plot_series
-                .into_iter()
-                .enumerate()
-                .map(|(i, (name, pts))| k3_plot::Series {
-                    name,
-                    points: pts.into_iter().map(|(c, r)| (c as f64, r)).collect(),
-                    color: k3_plot::COLORS[i % k3_plot::COLORS.len()],
-                })
-                .collect(),
-            ..Default::default()
-        };
-        k3_plot::write_png(p, &chart, 900, 560)?;
+        let name = a.model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+        k3_plot::write_png(p, &chart(format!("decode speed, {name}"), "context (tokens)", decode_series), 900, 560)?;
+        let pp = p.with_file_name(format!(
+            "{}-prefill.png",
+            p.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()
+        ));
+        k3_plot::write_png(&pp, &chart(format!("prefill speed, {name}"), "prompt (tokens)", prefill_series), 900, 560)?;
     }
     Ok(())
+}
+
+fn chart(title: String, x_label: &str, series: Vec<(String, Vec<(usize, f64)>)>) -> k3_plot::Chart {
+    k3_plot::Chart {
+        title,
+        x_label: x_label.into(),
+        y_label: "tokens/s".into(),
+        series: series
+            .into_iter()
+            .enumerate()
+            .map(|(i, (name, pts))| k3_plot::Series {
+                name,
+                points: pts.into_iter().map(|(c, r)| (c as f64, r)).collect(),
+                color: k3_plot::COLORS[i % k3_plot::COLORS.len()],
+            })
+            .collect(),
+        ..Default::default()
+    }
 }

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use k3_kernels::qgemm::{gemm_rows, Isa, Packed, QActs};
+use k3_kernels::qgemm::{gemm_rows_out, Isa, OutMat, Packed, QActs};
 use k3_kernels::quant::GgmlType;
 
 use crate::threads::par_chunks;
@@ -95,8 +95,8 @@ impl Matrix {
     /// The integer-kernel path: activations quantized once, row bands on the pool.
     fn matmul_packed(&self, p: &Packed, x: &[f32], t: usize, y: &mut [f32], threads: usize) {
         let rows = self.rows;
-        let acts = QActs::quantize(x, t, self.cols);
-        let isa = Isa::best();
+        let acts = QActs::quantize_threads(x, t, self.cols, threads);
+        let isa = Isa::best().for_tokens(t);
         let work = rows * self.cols * t;
         let threads = if work < 1 << 15 { 1 } else { threads.max(1) };
         // Bands of whole 4-row tiles, a few per thread so uneven cores still balance.
@@ -106,14 +106,8 @@ impl Matrix {
         let out = SyncPtr(y.as_mut_ptr());
         crate::threads::Pool::global().run(threads, n_tasks, &|i| {
             let (lo, hi) = (i * per, ((i + 1) * per).min(rows));
-            let mut band = vec![0f32; (hi - lo) * t];
-            gemm_rows(isa, p, &acts, lo, hi, &mut band);
-            for o in lo..hi {
-                for r in 0..t {
-                    // SAFETY: task i alone writes columns lo..hi of every output row.
-                    unsafe { *out.get().add(r * rows + o) = band[(o - lo) * t + r] };
-                }
-            }
+            // SAFETY: y is [T, rows]; task i alone writes its columns lo..hi of every row.
+            unsafe { gemm_rows_out(isa, p, &acts, lo, hi, OutMat::token_major(out.get(), lo, rows)) };
         });
     }
 

@@ -12,15 +12,20 @@ pub fn short_conv_silu(y: &mut [f32], x: &[f32], w: &[f32], tail: &mut [f32], ch
     let mut xin = Vec::with_capacity((t + kc - 1) * ch);
     xin.extend_from_slice(tail);
     xin.extend_from_slice(x);
+    // Taps as [Kc, Ch] so that each output row is Kc elementwise multiply-adds over channels
+    // (vectorised), summed in the same order j = 0..Kc as before.
+    let wt: Vec<f32> = (0..kc).flat_map(|j| (0..ch).map(move |c| w[c * kc + j])).collect();
     for r in 0..t {
-        for c in 0..ch {
-            let mut acc = 0.0f32;
-            for j in 0..kc {
-                acc += w[c * kc + j] * xin[(r + j) * ch + c];
+        let yr = &mut y[r * ch..(r + 1) * ch];
+        yr.fill(0.0);
+        for j in 0..kc {
+            let (xr, wj) = (&xin[(r + j) * ch..(r + j + 1) * ch], &wt[j * ch..(j + 1) * ch]);
+            for ((o, &a), &b) in yr.iter_mut().zip(wj).zip(xr) {
+                *o += a * b;
             }
-            y[r * ch + c] = crate::ops::silu(acc);
         }
     }
+    crate::ops::silu_inplace(&mut y[..t * ch]);
     let start = t * ch; // rows t .. t + kc − 1 of xin
     tail.copy_from_slice(&xin[start..start + (kc - 1) * ch]);
 }

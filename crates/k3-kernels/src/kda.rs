@@ -3,7 +3,9 @@
 //! - [`kda_step`]: one token, in place on the state (decode), written as the equations read;
 //! - [`kda_step_fused`]: the same step in two passes over the state instead of four, SIMD,
 //!   heads in parallel (the engine's decode path);
-//! - [`kda_chunk`]: the chunked WY form for prefill; exp is only taken of G_c − G_j ≤ 0.
+//! - [`kda_chunk`]: the chunked WY form, written as the equations read (exp of every G_c − G_j);
+//! - [`kda_chunk_parallel`]: the same chunked form as the engine's prefill runs it: decay-weighted
+//!   products as SIMD dots of pre-decayed rows (`kda_chunk_fast.rs`), heads in parallel.
 //!
 //! Layouts: q, k, g: [T, H, K]; v, o: [T, H, V]; beta: [T, H]; state: [H, K, V] (row = key
 //! channel), f32. `scale = K^-0.5` is applied to q inside.
@@ -133,7 +135,8 @@ pub fn kda_recurrent_ref(
 /// S ← e^{G_last} ⊙ S + (K ⊙ e^{G_last − G})ᵀ V'
 /// ```
 ///
-/// Heads one after another (the reference for [`kda_chunk_parallel`]).
+/// Heads one after another, every decay weight its own exp (the reference for
+/// [`kda_chunk_parallel`]).
 ///
 /// # Shapes
 /// q, k, g: [T, H, K]; v: [T, H, V]; beta: [T, H]; s: [H, K, V]; o: [T, H, V]
@@ -154,7 +157,7 @@ pub fn kda_chunk(
     let t = beta.len() / h;
     for hh in 0..h {
         let st = &mut s[hh * kd * vd..(hh + 1) * kd * vd];
-        chunk_head(
+        chunk_head_ref(
             &mut |c, row: &[f32]| o[(c * h + hh) * vd..(c * h + hh + 1) * vd].copy_from_slice(row),
             q,
             k,
@@ -170,9 +173,13 @@ pub fn kda_chunk(
     }
 }
 
-/// [`kda_chunk`] with the heads spread over `threads` pool threads (prefill: the heads are
-/// independent, each with its own state); the same arithmetic per head, so the same bits.
-#[allow(clippy::too_many_arguments)]
+/// The engine's chunked prefill: the same chunked form as [`kda_chunk`] (its reference), with the
+/// decay-weighted products computed as dot products of pre-decayed rows, sub-chunk by sub-chunk
+/// ([`chunk_head_fast`]), SIMD, and the heads spread over `threads` pool threads. Each head's
+/// arithmetic does not depend on the thread count, so every thread count gives the same bits.
+///
+/// # Shapes
+/// q, k, g: [T, H, K]; v: [T, H, V]; beta: [T, H]; s: [H, K, V]; o: [T, H, V]
 pub fn kda_chunk_parallel(
     o: &mut [f32],
     q: &[f32],
@@ -188,22 +195,19 @@ pub fn kda_chunk_parallel(
     threads: usize,
 ) {
     let t = beta.len() / h;
-    if threads <= 1 || h == 1 {
-        return kda_chunk(o, q, k, v, g, beta, s, h, kd, vd, chunk);
-    }
     let (sp, op) = (crate::attention::OutPtr(s.as_mut_ptr()), crate::attention::OutPtr(o.as_mut_ptr()));
-    crate::threads::Pool::global().run(threads, h, &|hh| {
+    crate::threads::Pool::global().run(threads.max(1).min(h), h, &|hh| {
         // SAFETY: head hh owns state rows [hh·K·V, (hh+1)·K·V) and, at every position c, the
         // output row [(c·H + hh)·V, (c·H + hh + 1)·V); no two tasks share an element.
         let st = unsafe { sp.slice(hh * kd * vd, kd * vd) };
         let mut put = |c: usize, row: &[f32]| unsafe { op.slice((c * h + hh) * vd, vd) }.copy_from_slice(row);
-        chunk_head(&mut put, q, k, v, g, beta, st, (t, h, hh), kd, vd, chunk);
+        chunk_head_fast(&mut put, q, k, v, g, beta, st, (t, h, hh), kd, vd, chunk);
     });
 }
 
 /// One head of the chunked form over all T positions: `put(c, o_c)` receives each output row.
 #[allow(clippy::too_many_arguments)]
-fn chunk_head(
+fn chunk_head_ref(
     put: &mut dyn FnMut(usize, &[f32]),
     q: &[f32],
     k: &[f32],
@@ -286,6 +290,202 @@ fn chunk_head(
     }
 }
 
+/// Sub-chunk length of [`chunk_head_fast`]'s decay factorisation.
+const SUB: usize = 16;
+/// Largest per-channel span of G inside one sub-chunk for which the midpoint factorisation is
+/// used (each factor then stays within e^{±75}, normal f32); wider sub-chunks take an exp per pair.
+const MAX_SPAN: f32 = 150.0;
+
+/// Scratch for one head's chunks, allocated once per call.
+struct ChunkScratch {
+    qs: Vec<f32>,  // [L, K] q · scale
+    ks: Vec<f32>,  // [L, K]
+    gc: Vec<f32>,  // [L, K] cumulative log-decay within the chunk
+    lq: Vec<f32>,  // [SUB, K] q_c ⊙ e^{G_c − ref}
+    lk: Vec<f32>,  // [SUB, K] k_c ⊙ e^{G_c − ref}
+    rk: Vec<f32>,  // [L, K]   k_j ⊙ e^{ref − G_j}
+    akk: Vec<f32>, // [L, L] Σ_d k_c k_j e^{G_c−G_j}, c > j
+    aqk: Vec<f32>, // [L, L] Σ_d q_c k_j e^{G_c−G_j}, c ≥ j
+    u: Vec<f32>,   // [L, V]
+    w: Vec<f32>,   // [L, K]
+    e: Vec<f32>,   // [max(K, L)] per-channel midpoints; forward-substitution coefficients
+    qg: Vec<f32>,  // [L, K] q ⊙ e^G
+    o: Vec<f32>,   // [L, V] outputs
+    kdt: Vec<f32>, // [K, L] (k ⊙ e^{G_last − G})ᵀ
+}
+
+/// One head of the chunked form, fast: the same equations as [`chunk_head_ref`], but the
+/// decay-weighted products A[c,j] and Aqk[c,j] come from dot products of rows decayed once each,
+/// never from an exp per (c, j, d). For a query sub-chunk [b0, b1) of 16 positions:
+/// ```text
+/// j < b0 (earlier sub-chunks), r = b0 − 1:   e^{G_c−G_j} = e^{G_c−G_r} · e^{G_r−G_j}   (both ≤ 1)
+/// b0 ≤ j ≤ c (same sub-chunk), z = (G_b0 + G_{b1−1}) / 2 per channel:
+///                                            e^{G_c−G_j} = e^{G_c−z} · e^{z−G_j}       (both ≤ e^{span/2})
+/// ```
+/// The first split cannot overflow, and a factor underflows only where the product is below f32's
+/// range anyway. The second is used only while the sub-chunk's span G_b0 − G_{b1−1} ≤ 150 in
+/// every channel (always, under a lower-bound gate of −5); past it that block takes exp per pair.
+fn chunk_head_fast(
+    put: &mut dyn FnMut(usize, &[f32]),
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    st: &mut [f32],
+    (t, h, hh): (usize, usize, usize),
+    kd: usize,
+    vd: usize,
+    chunk: usize,
+) {
+    use crate::ops::{dot, exp_fast, matmul_acc};
+    let scale = 1.0 / (kd as f32).sqrt();
+    let n = chunk;
+    let mut z = ChunkScratch {
+        qs: vec![0.0; n * kd],
+        ks: vec![0.0; n * kd],
+        gc: vec![0.0; n * kd],
+        lq: vec![0.0; SUB * kd],
+        lk: vec![0.0; SUB * kd],
+        rk: vec![0.0; n * kd],
+        akk: vec![0.0; n * n],
+        aqk: vec![0.0; n * n],
+        u: vec![0.0; n * vd],
+        w: vec![0.0; n * kd],
+        e: vec![0.0; kd.max(n)],
+        qg: vec![0.0; n * kd],
+        o: vec![0.0; n * vd],
+        kdt: vec![0.0; kd * n],
+    };
+    let row = |pos: usize, d: usize| (pos * h + hh) * d..(pos * h + hh + 1) * d;
+    let mut start = 0;
+    while start < t {
+        let l = chunk.min(t - start);
+        // Gather the chunk's rows; G = cumsum(g) within the chunk.
+        for c in 0..l {
+            let (dst, src) = (c * kd..(c + 1) * kd, row(start + c, kd));
+            z.qs[dst.clone()].iter_mut().zip(&q[src.clone()]).for_each(|(a, b)| *a = b * scale);
+            z.ks[dst.clone()].copy_from_slice(&k[src.clone()]);
+            z.gc[dst.clone()].copy_from_slice(&g[src]);
+            if c > 0 {
+                let (prev, cur) = z.gc.split_at_mut(c * kd);
+                cur[..kd].iter_mut().zip(&prev[(c - 1) * kd..]).for_each(|(a, b)| *a += b);
+            }
+        }
+        z.aqk[..l * l].fill(0.0); // Aqk [L, L], stride L: zero above the diagonal
+                                  // A and Aqk, one query sub-chunk at a time.
+        for b0 in (0..l).step_by(SUB) {
+            let b1 = (b0 + SUB).min(l);
+            // Earlier sub-chunks, through r = b0 − 1.
+            if b0 > 0 {
+                let r = (b0 - 1) * kd;
+                for c in b0..b1 {
+                    let lo = c * kd;
+                    for d in 0..kd {
+                        let f = exp_fast(z.gc[lo + d] - z.gc[r + d]);
+                        z.lq[(c - b0) * kd + d] = z.qs[lo + d] * f;
+                        z.lk[(c - b0) * kd + d] = z.ks[lo + d] * f;
+                    }
+                }
+                for j in 0..b0 {
+                    for d in 0..kd {
+                        z.rk[j * kd + d] = z.ks[j * kd + d] * exp_fast(z.gc[r + d] - z.gc[j * kd + d]);
+                    }
+                }
+                for c in b0..b1 {
+                    let (lq, lk) = (&z.lq[(c - b0) * kd..(c - b0 + 1) * kd], &z.lk[(c - b0) * kd..(c - b0 + 1) * kd]);
+                    for j in 0..b0 {
+                        let rj = &z.rk[j * kd..(j + 1) * kd];
+                        z.akk[c * n + j] = dot(lk, rj);
+                        z.aqk[c * l + j] = dot(lq, rj);
+                    }
+                }
+            }
+            // The sub-chunk itself, through the per-channel midpoint z.
+            let (first, last) = (b0 * kd, (b1 - 1) * kd);
+            let span = (0..kd).map(|d| z.gc[first + d] - z.gc[last + d]).fold(0f32, f32::max);
+            if span <= MAX_SPAN {
+                for d in 0..kd {
+                    z.e[d] = 0.5 * (z.gc[first + d] + z.gc[last + d]);
+                }
+                for c in b0..b1 {
+                    for d in 0..kd {
+                        let (f, i) = (exp_fast(z.gc[c * kd + d] - z.e[d]), (c - b0) * kd + d);
+                        z.lq[i] = z.qs[c * kd + d] * f;
+                        z.lk[i] = z.ks[c * kd + d] * f;
+                        z.rk[c * kd + d] = z.ks[c * kd + d] * exp_fast(z.e[d] - z.gc[c * kd + d]);
+                    }
+                }
+                for c in b0..b1 {
+                    let (lq, lk) = (&z.lq[(c - b0) * kd..(c - b0 + 1) * kd], &z.lk[(c - b0) * kd..(c - b0 + 1) * kd]);
+                    for j in b0..=c {
+                        let rj = &z.rk[j * kd..(j + 1) * kd];
+                        z.aqk[c * l + j] = dot(lq, rj);
+                        if j < c {
+                            z.akk[c * n + j] = dot(lk, rj);
+                        }
+                    }
+                }
+            } else {
+                for c in b0..b1 {
+                    for j in b0..=c {
+                        let (mut sk, mut sq) = (0f32, 0f32);
+                        for d in 0..kd {
+                            let kj = z.ks[j * kd + d] * exp_fast(z.gc[c * kd + d] - z.gc[j * kd + d]);
+                            sk += z.ks[c * kd + d] * kj;
+                            sq += z.qs[c * kd + d] * kj;
+                        }
+                        z.aqk[c * l + j] = sq;
+                        if j < c {
+                            z.akk[c * n + j] = sk;
+                        }
+                    }
+                }
+            }
+        }
+        // U = (I+A)⁻¹(β⊙V), W = (I+A)⁻¹(β⊙K⊙e^G) by forward substitution: row c gets
+        // −β_c · A[c, :c] times the rows already solved.
+        for c in 0..l {
+            let b = beta[(start + c) * h + hh];
+            z.u[c * vd..(c + 1) * vd].iter_mut().zip(&v[row(start + c, vd)]).for_each(|(a, x)| *a = b * x);
+            for d in 0..kd {
+                z.w[c * kd + d] = b * z.ks[c * kd + d] * exp_fast(z.gc[c * kd + d]);
+            }
+            for i in 0..c {
+                z.e[i] = -b * z.akk[c * n + i];
+            }
+            let (u_done, u_c) = z.u.split_at_mut(c * vd);
+            let (w_done, w_c) = z.w.split_at_mut(c * kd);
+            matmul_acc(&mut u_c[..vd], &z.e[..c], u_done, 1, c, vd);
+            matmul_acc(&mut w_c[..kd], &z.e[..c], w_done, 1, c, kd);
+        }
+        // V' = U − W S
+        z.w[..l * kd].iter_mut().for_each(|x| *x = -*x);
+        matmul_acc(&mut z.u[..l * vd], &z.w[..l * kd], st, l, kd, vd);
+        // O = (Q ⊙ e^G) S + Aqk V'
+        for i in 0..l * kd {
+            z.qg[i] = z.qs[i] * exp_fast(z.gc[i]);
+        }
+        z.o[..l * vd].fill(0.0);
+        matmul_acc(&mut z.o[..l * vd], &z.qg[..l * kd], st, l, kd, vd);
+        matmul_acc(&mut z.o[..l * vd], &z.aqk[..l * l], &z.u[..l * vd], l, l, vd);
+        for c in 0..l {
+            put(start + c, &z.o[c * vd..(c + 1) * vd]);
+        }
+        // S ← e^{G_last} ⊙ S + (K ⊙ e^{G_last − G})ᵀ V'
+        let gl = (l - 1) * kd;
+        for i in 0..kd {
+            let a = exp_fast(z.gc[gl + i]);
+            st[i * vd..(i + 1) * vd].iter_mut().for_each(|x| *x *= a);
+            for c in 0..l {
+                z.kdt[i * l + c] = z.ks[c * kd + i] * exp_fast(z.gc[gl + i] - z.gc[c * kd + i]);
+            }
+        }
+        matmul_acc(st, &z.kdt[..kd * l], &z.u[..l * vd], kd, l, vd);
+        start += l;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -338,13 +538,42 @@ mod tests {
     }
 
     #[test]
-    fn parallel_chunked_prefill_equals_the_sequential_heads_bit_for_bit() {
+    fn fast_chunk_matches_the_reference_chunk_and_the_recurrence() {
+        // decay 5: the per-channel midpoint split; decay 25: sub-chunk spans (≈ 15 × 12.5) past
+        // 150, where a block falls back to an exp per pair, and chunks decay below f32's range.
+        for &(t, h, kd, vd, chunk, decay) in &[
+            (1, 2, 16, 24, 64, 0.5),
+            (50, 2, 16, 24, 64, 0.5),
+            (130, 2, 16, 24, 64, 0.5),
+            (97, 3, 16, 24, 16, 0.5),
+            (200, 2, 128, 128, 64, 0.5),
+            (128, 2, 16, 24, 64, 5.0),
+            (128, 2, 16, 24, 64, 25.0),
+        ] {
+            let [q, k, v, g, beta, s0] = inputs(t, h, kd, vd, decay, 31 + t as u64);
+            let (mut o1, mut s1) = (vec![0.0; t * h * vd], s0.clone());
+            let (mut o2, mut s2) = (vec![0.0; t * h * vd], s0.clone());
+            let (mut o3, mut s3) = (vec![0.0; t * h * vd], s0);
+            kda_chunk(&mut o1, &q, &k, &v, &g, &beta, &mut s1, h, kd, vd, chunk);
+            kda_chunk_parallel(&mut o2, &q, &k, &v, &g, &beta, &mut s2, h, kd, vd, chunk, 1);
+            kda_recurrent_ref(&mut o3, &q, &k, &v, &g, &beta, &mut s3, h, kd, vd);
+            assert!(o2.iter().chain(&s2).all(|x| x.is_finite()), "T={t} decay {decay}");
+            let what = format!("T={t} K={kd} C={chunk} decay {decay}");
+            assert_close_ratio(&format!("o vs chunk ref, {what}"), &o2, &o1, Tol::KDA_CHUNK);
+            assert_close_ratio(&format!("S vs chunk ref, {what}"), &s2, &s1, Tol::KDA_CHUNK);
+            assert_close_ratio(&format!("o vs recurrence, {what}"), &o2, &o3, Tol::KDA_CHUNK);
+            assert_close_ratio(&format!("S vs recurrence, {what}"), &s2, &s3, Tol::KDA_CHUNK);
+        }
+    }
+
+    #[test]
+    fn parallel_chunked_prefill_gives_the_same_bits_at_every_thread_count() {
         for &(t, h, threads) in &[(70, 4, 2), (33, 3, 4), (5, 1, 2)] {
             let (kd, vd) = (16, 24);
             let [q, k, v, g, beta, s0] = inputs(t, h, kd, vd, 0.5, 9 + t as u64);
             let (mut o1, mut s1) = (vec![0.0; t * h * vd], s0.clone());
             let (mut o2, mut s2) = (vec![0.0; t * h * vd], s0);
-            kda_chunk(&mut o1, &q, &k, &v, &g, &beta, &mut s1, h, kd, vd, 16);
+            kda_chunk_parallel(&mut o1, &q, &k, &v, &g, &beta, &mut s1, h, kd, vd, 16, 1);
             kda_chunk_parallel(&mut o2, &q, &k, &v, &g, &beta, &mut s2, h, kd, vd, 16, threads);
             assert_eq!(o1, o2, "outputs, T={t} H={h}");
             assert_eq!(s1, s2, "states, T={t} H={h}");

@@ -56,8 +56,37 @@ pub fn softmax_inplace(x: &mut [f32]) {
     x.iter_mut().for_each(|v| *v *= inv);
 }
 
+/// e^x without a libm call: Cephes' expf (2^n · p(r), r = x − n·ln 2, |r| ≤ ln2/2, degree-6
+/// polynomial), branch-free so loops over it vectorise. Relative error ≤ 2e-7 on [−87, 88]; the
+/// input is clamped there, so it never returns inf or 0 (below e^−87 it gives ~1.2e-38).
+/// [`exp_ref`] (libm) is its reference.
+#[inline(always)]
+pub fn exp_fast(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    let x = x.clamp(-87.3, 88.3);
+    let n = (x * LOG2E + 12_582_912.0) - 12_582_912.0; // round to nearest (|x·log2 e| < 2²²)
+    let r = x - n * LN2_HI - n * LN2_LO;
+    let mut p = 1.987_569_1e-4f32;
+    p = p * r + 1.398_199_9e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 1.666_666_5e-1;
+    p = p * r + 5.000_000_1e-1;
+    let y = p * r * r + r + 1.0;
+    y * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+/// The reference for [`exp_fast`].
+pub fn exp_ref(x: f32) -> f32 {
+    x.exp()
+}
+
+/// σ(x) = 1 / (1 + e^−x), on [`exp_fast`] (libm's exp under [`set_reference_arithmetic`]).
 pub fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
+    let e = if reference() { exp_ref(-x) } else { exp_fast(-x) };
+    1.0 / (1.0 + e)
 }
 
 pub fn silu(x: f32) -> f32 {
@@ -75,9 +104,24 @@ pub fn softplus(x: f32) -> f32 {
 
 /// SwiGLU in place: `g ← silu(g) · u`.
 pub fn swiglu_inplace(g: &mut [f32], u: &[f32]) {
-    for (a, &b) in g.iter_mut().zip(u) {
-        *a = silu(*a) * b;
+    if reference() {
+        for (a, &b) in g.iter_mut().zip(u) {
+            *a = *a / (1.0 + exp_ref(-*a)) * b;
+        }
+        return;
     }
+    for (a, &b) in g.iter_mut().zip(u) {
+        *a = *a / (1.0 + exp_fast(-*a)) * b;
+    }
+}
+
+/// SiLU in place (vectorised on [`exp_fast`]; libm's exp under [`set_reference_arithmetic`]).
+pub fn silu_inplace(x: &mut [f32]) {
+    if reference() {
+        x.iter_mut().for_each(|a| *a /= 1.0 + exp_ref(-*a));
+        return;
+    }
+    x.iter_mut().for_each(|a| *a /= 1.0 + exp_fast(-*a));
 }
 
 /// SiTU-GLU in place (architecture.md §5(d)): `g ← β·tanh(g/β)·σ(g) · β_lin·tanh(u/β_lin)`;
@@ -98,6 +142,11 @@ static REFERENCE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool:
 /// Switch [`dot`] / [`axpy`] to their sequential references for the whole process.
 pub fn set_reference_arithmetic(on: bool) {
     REFERENCE.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether [`set_reference_arithmetic`] is on.
+pub fn reference_arithmetic() -> bool {
+    reference()
 }
 
 fn reference() -> bool {
@@ -131,6 +180,27 @@ pub fn axpy_ref(y: &mut [f32], a: f32, x: &[f32]) {
     }
 }
 
+/// `C[m×n] += A[m×k] · B[k×n]` (row-major), SIMD-dispatched (see `simd`).
+pub fn matmul_acc(c: &mut [f32], a: &[f32], b: &[f32], m: usize, k: usize, n: usize) {
+    if reference() {
+        return matmul_acc_ref(c, a, b, m, k, n);
+    }
+    crate::simd::matmul_acc(c, a, b, m, k, n)
+}
+
+/// The reference for [`matmul_acc`]: one sequential sum per element.
+pub fn matmul_acc_ref(c: &mut [f32], a: &[f32], b: &[f32], m: usize, k: usize, n: usize) {
+    for i in 0..m {
+        for j in 0..n {
+            let mut s = c[i * n + j];
+            for kk in 0..k {
+                s += a[i * k + kk] * b[kk * n + j];
+            }
+            c[i * n + j] = s;
+        }
+    }
+}
+
 /// `Y[t, o] = Σ_i X[t, i] · W[o, i]` for W [out, in] row-major (the HF layout).
 pub fn matmul_f32_ref(y: &mut [f32], x: &[f32], w: &[f32], t: usize, inp: usize, out: usize) {
     debug_assert_eq!(x.len(), t * inp);
@@ -147,6 +217,19 @@ pub fn matmul_f32_ref(y: &mut [f32], x: &[f32], w: &[f32], t: usize, inp: usize,
 mod tests {
     use super::*;
     use crate::testing::Rng;
+
+    #[test]
+    fn fast_exp_matches_libm() {
+        let mut worst = 0f64;
+        for i in -87_000..=88_000 {
+            let x = i as f32 * 1e-3 + 1.7e-4;
+            let (f, r) = (exp_fast(x) as f64, (x as f64).exp());
+            worst = worst.max((f - r).abs() / r);
+        }
+        assert!(worst < 2.5e-7, "worst relative error {worst}");
+        assert!(exp_fast(-1000.0) > 0.0 && exp_fast(-1000.0) < 1.3e-38 && exp_fast(1000.0).is_finite());
+        assert_eq!(exp_fast(0.0), 1.0);
+    }
 
     #[test]
     fn ops_match_f64_math() {

@@ -41,6 +41,19 @@ pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     (table().axpy)(y, a, x)
 }
 
+/// `C[m×n] += A[m×k] · B[k×n]`, all row-major (the chunked KDA's state products): AVX-512 tiles of
+/// 4 rows × 64 columns held in registers across k, else the plain loops.
+pub fn matmul_acc(c: &mut [f32], a: &[f32], b: &[f32], m: usize, k: usize, n: usize) {
+    assert!(c.len() >= m * n && a.len() >= m * k && b.len() >= k * n, "matmul_acc: operand too short");
+    #[cfg(target_arch = "x86_64")]
+    if crate::qgemm::Isa::best() >= crate::qgemm::Isa::Avx512Vnni {
+        // SAFETY: AVX-512F is present (Isa::best checks it); lengths checked above.
+        unsafe { x86::matmul_acc512(c, a, b, m, k, n) };
+        return;
+    }
+    crate::ops::matmul_acc_ref(c, a, b, m, k, n)
+}
+
 /// Round every value to the nearest f16 (ties to even), in place: F16C 16 at a time when the
 /// CPU has AVX-512, else `half`'s conversion.
 pub fn round_f16_inplace(v: &mut [f32]) {
@@ -110,6 +123,57 @@ mod x86 {
             let m: __mmask16 = (1u32 << (n - i)) as u16 - 1;
             let v = _mm512_fmadd_ps(sv, _mm512_maskz_loadu_ps(m, px.add(i)), _mm512_maskz_loadu_ps(m, py.add(i)));
             _mm512_mask_storeu_ps(py.add(i), m, v);
+        }
+    }
+
+    /// See [`super::matmul_acc`]. Operands must be long enough (checked by the caller).
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn matmul_acc512(c: &mut [f32], a: &[f32], b: &[f32], m: usize, k: usize, n: usize) {
+        let mut i0 = 0;
+        while i0 < m {
+            match m - i0 {
+                1 => rows512::<1>(c, a, b, i0, k, n),
+                2 => rows512::<2>(c, a, b, i0, k, n),
+                3 => rows512::<3>(c, a, b, i0, k, n),
+                _ => rows512::<4>(c, a, b, i0, k, n),
+            }
+            i0 += 4;
+        }
+    }
+
+    /// Rows i0..i0+R of C, 64 columns at a time (4 × 16 lanes, the last ones masked).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn rows512<const R: usize>(c: &mut [f32], a: &[f32], b: &[f32], i0: usize, k: usize, n: usize) {
+        let (pc, pa, pb) = (c.as_mut_ptr(), a.as_ptr(), b.as_ptr());
+        let mut j0 = 0;
+        while j0 < n {
+            let mask: [__mmask16; 4] = std::array::from_fn(|q| {
+                let left = n.saturating_sub(j0 + 16 * q).min(16);
+                ((1u32 << left) - 1) as u16
+            });
+            let mut acc = [[_mm512_setzero_ps(); 4]; R];
+            for r in 0..R {
+                for q in 0..4 {
+                    acc[r][q] = _mm512_maskz_loadu_ps(mask[q], pc.add((i0 + r) * n + j0 + 16 * q));
+                }
+            }
+            for kk in 0..k {
+                let bv: [__m512; 4] =
+                    std::array::from_fn(|q| _mm512_maskz_loadu_ps(mask[q], pb.add(kk * n + j0 + 16 * q)));
+                for r in 0..R {
+                    let av = _mm512_set1_ps(*pa.add((i0 + r) * k + kk));
+                    for q in 0..4 {
+                        acc[r][q] = _mm512_fmadd_ps(av, bv[q], acc[r][q]);
+                    }
+                }
+            }
+            for r in 0..R {
+                for q in 0..4 {
+                    _mm512_mask_storeu_ps(pc.add((i0 + r) * n + j0 + 16 * q), mask[q], acc[r][q]);
+                }
+            }
+            j0 += 64;
         }
     }
 
@@ -184,6 +248,23 @@ mod x86 {
                 v.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
                 want.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
             );
+        }
+
+        #[test]
+        fn matmul_acc_matches_the_loops() {
+            let mut rng = Rng::new(12);
+            for &(m, k, n) in &[(1, 1, 1), (3, 5, 17), (4, 128, 128), (7, 33, 70), (64, 64, 128), (9, 16, 200)] {
+                let (a, b, c0) = (rng.normals(m * k, 1.0), rng.normals(k * n, 1.0), rng.normals(m * n, 1.0));
+                let (mut want, mut got) = (c0.clone(), c0);
+                crate::ops::matmul_acc_ref(&mut want, &a, &b, m, k, n);
+                super::super::matmul_acc(&mut got, &a, &b, m, k, n);
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (g - w).abs() <= 1e-5 * (1.0 + w.abs()) * (k as f32).sqrt(),
+                        "[{m}x{k}x{n}] {i}: {g} vs {w}"
+                    );
+                }
+            }
         }
 
         #[test]

@@ -13,10 +13,14 @@
 //! `vec_dot_q4_1_q8_1` and `vec_dot_q8_0_q8_0` up to the order of float additions; the tests
 //! compare every instruction-set path with those references.
 //!
-//! Paths: [`Isa::Avx512Vnni`] (vpdpbusd on 512-bit registers, two blocks per instruction),
+//! Paths: [`Isa::Amx`] (AMX-INT8 tile products, 16 rows × 16 tokens × one block per instruction;
+//! prefill only, see [`Isa::for_tokens`]), [`Isa::Avx512Vnni`] (vpdpbusd on 512-bit registers, two
+//! blocks per instruction),
 //! [`Isa::Avx2`] (vpmaddubsw / vpmaddwd), [`Isa::Scalar`] (the plain loops, always available).
 //! Dims: R weight rows, T activation rows (tokens), nb blocks of 32 per row (padded to even).
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -33,7 +37,12 @@ pub enum Isa {
     Scalar,
     Avx2,
     Avx512Vnni,
+    Amx,
 }
+
+/// Fewest tokens for which [`Isa::Amx`] runs; fewer take the AVX-512 path (a 16-token tile would
+/// be mostly padding).
+pub const AMX_MIN_TOKENS: usize = 8;
 
 impl Isa {
     /// Every path this CPU supports, slowest first.
@@ -52,12 +61,15 @@ impl Isa {
                 && is_x86_feature_detected!("fma")
             {
                 v.push(Isa::Avx512Vnni);
+                if amx::available() {
+                    v.push(Isa::Amx);
+                }
             }
         }
         v
     }
 
-    /// The fastest available path, or the one `K3MINI_ISA` (scalar | avx2 | avx512) names if the
+    /// The fastest available path, or the one `K3MINI_ISA` (scalar | avx2 | avx512 | amx) names if the
     /// CPU has it. Decided once per process.
     pub fn best() -> Isa {
         static BEST: OnceLock<Isa> = OnceLock::new();
@@ -67,6 +79,7 @@ impl Isa {
                 Some("scalar") => Some(Isa::Scalar),
                 Some("avx2") => Some(Isa::Avx2),
                 Some("avx512") => Some(Isa::Avx512Vnni),
+                Some("amx") => Some(Isa::Amx),
                 _ => None,
             };
             match want {
@@ -81,6 +94,16 @@ impl Isa {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
             Isa::Avx512Vnni => "avx512-vnni",
+            Isa::Amx => "amx-int8",
+        }
+    }
+
+    /// The path for a product over `t` tokens: AMX only from [`AMX_MIN_TOKENS`] on.
+    pub fn for_tokens(self, t: usize) -> Isa {
+        if self == Isa::Amx && t < AMX_MIN_TOKENS {
+            Isa::Avx512Vnni
+        } else {
+            self
         }
     }
 }
@@ -249,7 +272,7 @@ impl Packed {
 pub struct QActs {
     pub t: usize,
     pub nbp: usize,
-    /// [T, nbp, 32] codes.
+    /// [T, nbp, 32] codes (then zero rows up to a multiple of 16).
     pub qs: Vec<i8>,
     /// [T, nbp] scales (f16-rounded, as ggml stores them).
     pub d: Vec<f32>,
@@ -259,38 +282,97 @@ pub struct QActs {
     pub s16: Vec<f32>,
 }
 
+/// `x.round_ties_even()` for |x| ≤ 2²²: adding and removing 1.5·2²³ leaves no fraction bits, so
+/// the FPU's round-to-nearest-even does the rounding. Unlike `round_ties_even` (a libm `rintf`
+/// call without SSE4.1) it vectorises.
+#[inline(always)]
+fn round_even_small(x: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    (x + MAGIC) - MAGIC
+}
+
+/// A raw row pointer shared with pool tasks that write disjoint rows.
+#[derive(Clone, Copy)]
+struct RowPtr(*mut u8);
+impl RowPtr {
+    fn get(self) -> *mut u8 {
+        self.0
+    }
+}
+unsafe impl Send for RowPtr {}
+unsafe impl Sync for RowPtr {}
+
+/// One activation row of nb blocks: ggml's x86 quantizer (id = 127/amax, round half to even),
+/// d rounded to f16, s = d·Σq exact and rounded to f16.
+fn quantize_row(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32], s16: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if Isa::best() >= Isa::Avx512Vnni && !crate::ops::reference_arithmetic() {
+        // SAFETY: AVX-512F/BW is present (Isa::best checks it).
+        unsafe { x86::quantize_row512(x, qs, d, s, s16) };
+        return;
+    }
+    quantize_row_ref(x, qs, d, s, s16)
+}
+
+/// The reference for the quantizer: the plain loops.
+pub fn quantize_row_ref(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32], s16: &mut [f32]) {
+    for b in 0..d.len() {
+        let blk = &x[b * BLOCK..(b + 1) * BLOCK];
+        let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let db = amax / 127.0;
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        let mut sum = 0i32;
+        for (o, &v) in qs[b * BLOCK..(b + 1) * BLOCK].iter_mut().zip(blk) {
+            *o = round_even_small(v * id) as i8;
+            sum += *o as i32;
+        }
+        let dh = half::f16::from_f32(db).to_f32();
+        d[b] = dh;
+        s[b] = dh * sum as f32;
+        s16[b] = half::f16::from_f32(db * sum as f32).to_f32();
+    }
+}
+
 impl QActs {
     /// Quantize x [T, cols] (cols a multiple of 32).
     pub fn quantize(x: &[f32], t: usize, cols: usize) -> QActs {
+        Self::quantize_threads(x, t, cols, 1)
+    }
+
+    /// [`QActs::quantize`] with the rows spread over `threads` pool threads (AVX-512 per row when
+    /// the CPU has it, else [`quantize_row_ref`]; the same bits either way).
+    pub fn quantize_threads(x: &[f32], t: usize, cols: usize, threads: usize) -> QActs {
         debug_assert_eq!(x.len(), t * cols);
         let nb = cols / BLOCK;
         let nbp = nb + nb % 2;
+        // Rows padded with zeros to whole 16-token tiles, which the AMX path loads.
+        let tp = t.next_multiple_of(16);
         let mut a = QActs {
             t,
             nbp,
-            qs: vec![0; t * nbp * BLOCK],
-            d: vec![0.0; t * nbp],
-            s: vec![0.0; t * nbp],
-            s16: vec![0.0; t * nbp],
+            qs: vec![0; tp * nbp * BLOCK],
+            d: vec![0.0; tp * nbp],
+            s: vec![0.0; tp * nbp],
+            s16: vec![0.0; tp * nbp],
         };
-        for r in 0..t {
-            for b in 0..nb {
-                let blk = &x[r * cols + b * BLOCK..r * cols + (b + 1) * BLOCK];
-                let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
-                let d = amax / 127.0;
-                let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
-                let q = &mut a.qs[(r * nbp + b) * BLOCK..(r * nbp + b + 1) * BLOCK];
-                let mut sum = 0i32;
-                for (o, &v) in q.iter_mut().zip(blk) {
-                    *o = (v * id).round_ties_even() as i8;
-                    sum += *o as i32;
-                }
-                let dh = half::f16::from_f32(d).to_f32();
-                a.d[r * nbp + b] = dh;
-                a.s[r * nbp + b] = dh * sum as f32;
-                a.s16[r * nbp + b] = half::f16::from_f32(d * sum as f32).to_f32();
+        let ptrs = (RowPtr(a.qs.as_mut_ptr() as *mut u8), RowPtr(a.d.as_mut_ptr() as *mut u8));
+        let ptrs2 = (RowPtr(a.s.as_mut_ptr() as *mut u8), RowPtr(a.s16.as_mut_ptr() as *mut u8));
+        let threads = if t * cols < 1 << 16 { 1 } else { threads };
+        let per = t.div_ceil(threads.max(1) * 4).max(1);
+        crate::threads::Pool::global().run(threads, t.div_ceil(per), &|i| {
+            for r in i * per..((i + 1) * per).min(t) {
+                // SAFETY: row r of every array is written by this task alone, and in bounds.
+                let (qs, d, s, s16) = unsafe {
+                    (
+                        std::slice::from_raw_parts_mut((ptrs.0.get() as *mut i8).add(r * nbp * BLOCK), nb * BLOCK),
+                        std::slice::from_raw_parts_mut((ptrs.1.get() as *mut f32).add(r * nbp), nb),
+                        std::slice::from_raw_parts_mut((ptrs2.0.get() as *mut f32).add(r * nbp), nb),
+                        std::slice::from_raw_parts_mut((ptrs2.1.get() as *mut f32).add(r * nbp), nb),
+                    )
+                };
+                quantize_row(&x[r * cols..r * cols + nb * BLOCK], qs, d, s, s16);
             }
-        }
+        });
         a
     }
 
@@ -305,25 +387,71 @@ impl QActs {
     }
 }
 
+/// Where element (o − lo, t) of a product over weight rows lo..hi goes: `ptr[(o − lo)·rs + t·cs]`.
+/// Row-major [hi − lo, T] for the tests, token-major [T, rows] (the engine's `Y`) for the engine,
+/// so that no band has to be transposed afterwards.
+#[derive(Debug, Clone, Copy)]
+pub struct OutMat {
+    pub ptr: *mut f32,
+    pub rs: usize,
+    pub cs: usize,
+}
+
+impl OutMat {
+    /// Token-major: element (o − lo, t) at `y[t·ld + o]`, for a `y` of T rows of `ld` floats.
+    ///
+    /// # Safety
+    /// `y` must hold T·ld floats, and no one else may write columns lo..hi while the product runs.
+    pub unsafe fn token_major(y: *mut f32, lo: usize, ld: usize) -> OutMat {
+        OutMat { ptr: y.add(lo), rs: 1, cs: ld }
+    }
+
+    #[inline(always)]
+    pub(crate) unsafe fn at(self, r: usize, t: usize) -> *mut f32 {
+        self.ptr.add(r * self.rs + t * self.cs)
+    }
+
+    #[inline(always)]
+    pub(crate) unsafe fn put(self, r: usize, t: usize, v: f32) {
+        *self.at(r, t) = v;
+    }
+}
+
 /// `out[(o − lo)·T + t] = Σ w[o]·x[t]` for weight rows `lo..hi` and every activation row, on `isa`.
 ///
 /// # Shapes
 /// w: [rows, cols] packed, a: [T, cols] → out: [hi − lo, T]
 pub fn gemm_rows(isa: Isa, w: &Packed, a: &QActs, lo: usize, hi: usize, out: &mut [f32]) {
+    assert!(hi <= w.rows && lo <= hi && out.len() >= (hi - lo) * a.t);
+    // SAFETY: `out` holds [hi − lo, T] (checked) and is borrowed exclusively.
+    unsafe { gemm_rows_out(isa, w, a, lo, hi, OutMat { ptr: out.as_mut_ptr(), rs: a.t, cs: 1 }) }
+}
+
+/// [`gemm_rows`] into any [`OutMat`] layout.
+///
+/// # Safety
+/// `out` must be valid for writes at every (o − lo, t), o in lo..hi, t < T, and nothing else may
+/// access those elements meanwhile.
+pub unsafe fn gemm_rows_out(isa: Isa, w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat) {
     assert_eq!(w.nbp, a.nbp, "weight and activation widths differ");
-    assert!(hi <= w.rows && out.len() >= (hi - lo) * a.t);
+    assert!(hi <= w.rows && lo <= hi);
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Vnni if Isa::available().contains(&Isa::Avx512Vnni) => {
+        Isa::Amx if Isa::available().contains(&Isa::Amx) => {
+            // SAFETY: AMX-INT8 with the tile state granted, and AVX-512 (checked just above).
+            unsafe { amx::gemm_amx(w, a, lo, hi, out) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        Isa::Amx | Isa::Avx512Vnni if Isa::available().contains(&Isa::Avx512Vnni) => {
             // SAFETY: the CPU supports every feature the kernel enables (checked just above).
             unsafe { x86::gemm_avx512(w, a, lo, hi, out) }
         }
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 | Isa::Avx512Vnni if Isa::available().contains(&Isa::Avx2) => {
+        Isa::Avx2 | Isa::Avx512Vnni | Isa::Amx if Isa::available().contains(&Isa::Avx2) => {
             // SAFETY: as above, for AVX2 + FMA.
             unsafe { x86::gemm_avx2(w, a, lo, hi, out) }
         }
-        _ => scalar::gemm(w, a, lo, hi, out),
+        _ => unsafe { scalar::gemm(w, a, lo, hi, out) },
     }
 }
 
@@ -351,12 +479,48 @@ mod tests {
     use super::*;
     use crate::testing::Rng;
 
+    #[test]
+    fn the_simd_quantizer_gives_the_reference_bits() {
+        let mut rng = Rng::new(21);
+        let (t, cols) = (37, 320);
+        let mut x = rng.normals(t * cols, 2.0);
+        x[..32].fill(0.0); // an all-zero block
+        x[40] = 1e-30;
+        let nb = cols / BLOCK;
+        for threads in [1, 2] {
+            let a = QActs::quantize_threads(&x, t, cols, threads);
+            for r in 0..t {
+                let (mut qs, mut d, mut s, mut s16) = (vec![0i8; cols], vec![0f32; nb], vec![0f32; nb], vec![0f32; nb]);
+                quantize_row_ref(&x[r * cols..(r + 1) * cols], &mut qs, &mut d, &mut s, &mut s16);
+                assert_eq!(&a.qs[r * a.nbp * BLOCK..r * a.nbp * BLOCK + cols], &qs[..], "codes, row {r}");
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a.d[r * a.nbp..r * a.nbp + nb]), bits(&d), "d, row {r}");
+                assert_eq!(bits(&a.s[r * a.nbp..r * a.nbp + nb]), bits(&s), "s, row {r}");
+                assert_eq!(bits(&a.s16[r * a.nbp..r * a.nbp + nb]), bits(&s16), "s16, row {r}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_vectorisable_rounding_is_round_ties_even() {
+        let mut rng = Rng::new(3);
+        let ties = (-255..=255).map(|i| i as f32 * 0.5);
+        let near = ties.clone().flat_map(|x| [x.next_up(), x.next_down()]);
+        let random = (0..10_000).map(|_| rng.normal() * 60.0);
+        for x in ties.chain(near).chain(random).filter(|x| x.abs() <= 127.5) {
+            assert_eq!(round_even_small(x), x.round_ties_even(), "x = {x}");
+        }
+    }
+
     /// Every path this CPU has, every tile shape remainder, against ggml's scalar references.
     #[test]
     fn every_isa_matches_ggml_vec_dot() {
+        eprintln!("paths on this CPU: {:?}", Isa::available());
         let mut rng = Rng::new(17);
         for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
-            for &(rows, cols, t) in &[(1, 32, 1), (7, 96, 3), (9, 256, 5), (16, 576, 8), (5, 64, 13)] {
+            for &(rows, cols, t) in
+                &[(1, 32, 1), (7, 96, 3), (9, 256, 5), (16, 576, 8), (5, 64, 13), (33, 96, 37), (40, 320, 17)]
+            {
                 let w = rng.normals(rows * cols, 0.4);
                 let x = rng.normals(t * cols, 1.5);
                 let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
@@ -364,6 +528,24 @@ mod tests {
                 let p = Packed::pack(ty, rows, cols, &data).expect("packable");
                 let a = QActs::quantize(&x, t, cols);
                 for isa in Isa::available() {
+                    // Token-major output (the engine's layout) holds the same numbers.
+                    let mut tm = vec![f32::NAN; t * rows];
+                    for (lo, hi) in [(0, rows / 2), (rows / 2, rows)] {
+                        unsafe { gemm_rows_out(isa, &p, &a, lo, hi, OutMat::token_major(tm.as_mut_ptr(), lo, rows)) };
+                    }
+                    let mut rm = vec![0f32; rows * t];
+                    gemm_rows(isa, &p, &a, 0, rows, &mut rm);
+                    for o in 0..rows {
+                        for r in 0..t {
+                            assert_eq!(
+                                tm[r * rows + o],
+                                rm[o * t + r],
+                                "{} {} token-major ({o}, {r})",
+                                ty.name(),
+                                isa.name()
+                            );
+                        }
+                    }
                     for (lo, hi) in [(0, rows), (rows / 2, rows)] {
                         let mut got = vec![0f32; (hi - lo) * t];
                         gemm_rows(isa, &p, &a, lo, hi, &mut got);

@@ -1,9 +1,11 @@
 //! The plain-loop path: integer block sums, one float multiply-add per block, then the offset
 //! term. The SIMD paths compute exactly this, several blocks and rows at a time.
 
-use super::{offset_term, Kind, Packed, QActs, BLOCK};
+use super::{offset_term, Kind, OutMat, Packed, QActs, BLOCK};
 
-pub fn gemm(w: &Packed, a: &QActs, lo: usize, hi: usize, out: &mut [f32]) {
+/// # Safety
+/// `out` must be valid for rows 0..hi − lo and tokens 0..T.
+pub unsafe fn gemm(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat) {
     let n = w.nbp;
     let (mut dw, mut mu) = (vec![0f32; n], vec![0f32; n]);
     let mut codes = vec![0u8; n * BLOCK];
@@ -33,7 +35,7 @@ pub fn gemm(w: &Packed, a: &QActs, lo: usize, hi: usize, out: &mut [f32]) {
                     .sum();
                 acc += dw[b] * dx[b] * s as f32;
             }
-            out[(o - lo) * a.t + t] = acc + offset_term(&mu, a.s_for(w.kind, t));
+            out.put(o - lo, t, acc + offset_term(&mu, a.s_for(w.kind, t)));
         }
     }
 }

@@ -4,7 +4,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{offset_term, Kind, Packed, QActs, BLOCK};
+use super::{offset_term, Kind, OutMat, Packed, QActs, BLOCK};
 
 /// Per-row f32 scales and offsets of a row tile.
 struct RowScales {
@@ -90,14 +90,7 @@ unsafe fn codes512(kind: Kind, q: *const u8, p: usize) -> __m512i {
 /// offset term folds into the same accumulator: Q4_0 / Q8_0 (μ = −k·d_w) accumulate
 /// `d_w · (dot·d_x − (k/8)·s)` per lane; Q4_1 adds `m · s/8` per lane.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
-unsafe fn tile512<const R: usize, const C: usize>(
-    w: &Packed,
-    a: &QActs,
-    o0: usize,
-    t0: usize,
-    lo: usize,
-    out: &mut [f32],
-) {
+unsafe fn tile512<const R: usize, const C: usize>(w: &Packed, a: &QActs, o0: usize, t0: usize, lo: usize, out: OutMat) {
     let (rq, n) = (w.row_qs(), w.nbp);
     let kind = w.kind;
     let koff = match kind {
@@ -142,15 +135,16 @@ unsafe fn tile512<const R: usize, const C: usize>(
     }
     for i in 0..R {
         for c in 0..C {
-            out[(o0 + i - lo) * a.t + t0 + c] = _mm512_reduce_add_ps(acc[i][c]);
+            out.put(o0 + i - lo, t0 + c, _mm512_reduce_add_ps(acc[i][c]));
         }
     }
 }
 
 /// # Safety
-/// The CPU must support AVX-512 F/BW/VL/VNNI, FMA and F16C.
+/// The CPU must support AVX-512 F/BW/VL/VNNI, FMA and F16C; `out` must be valid for rows
+/// 0..hi − lo and tokens 0..T.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
-pub unsafe fn gemm_avx512(w: &Packed, a: &QActs, lo: usize, hi: usize, out: &mut [f32]) {
+pub unsafe fn gemm_avx512(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat) {
     const R: usize = 4;
     const C: usize = 4;
     tiles(lo, hi, a.t, R, C, |o0, r, t0, c| {
@@ -200,7 +194,7 @@ unsafe fn tile256<const R: usize, const C: usize>(
     o0: usize,
     t0: usize,
     lo: usize,
-    out: &mut [f32],
+    out: OutMat,
 ) {
     let rq = w.row_qs();
     let q8 = w.kind == Kind::Q8_0;
@@ -239,15 +233,15 @@ unsafe fn tile256<const R: usize, const C: usize>(
         for c in 0..C {
             // Q8 here summed the signed codes directly, so it has no offset term.
             let off = if q8 { 0.0 } else { offset_term(sc.mu(i), a.s_for(w.kind, t0 + c)) };
-            out[(o0 + i - lo) * a.t + t0 + c] = hsum256(acc[i][c]) + off;
+            out.put(o0 + i - lo, t0 + c, hsum256(acc[i][c]) + off);
         }
     }
 }
 
 /// # Safety
-/// The CPU must support AVX2 and FMA.
+/// The CPU must support AVX2 and FMA; `out` as for [`gemm_avx512`].
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn gemm_avx2(w: &Packed, a: &QActs, lo: usize, hi: usize, out: &mut [f32]) {
+pub unsafe fn gemm_avx2(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat) {
     const R: usize = 2;
     const C: usize = 2;
     let mut sc = RowScales::new(w.nbp, R);
@@ -265,4 +259,35 @@ pub unsafe fn gemm_avx2(w: &Packed, a: &QActs, lo: usize, hi: usize, out: &mut [
             _ => unreachable!("tiles are at most {R}x{C}"),
         }
     });
+}
+
+// ---------------------------------------------------------------------------------------------
+// The activation quantizer, 32 values (one block) per step.
+
+/// See `quantize_row_ref`: the same arithmetic, so the same bits (`vcvtps2dq` rounds half to even
+/// under the default MXCSR, like the reference's rounding).
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW.
+#[target_feature(enable = "avx512f,avx512bw")]
+pub unsafe fn quantize_row512(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32], s16: &mut [f32]) {
+    let nb = d.len();
+    assert!(x.len() >= nb * BLOCK && qs.len() >= nb * BLOCK && s.len() >= nb && s16.len() >= nb);
+    let sign = _mm512_set1_ps(-0.0);
+    for b in 0..nb {
+        let v0 = _mm512_loadu_ps(x.as_ptr().add(b * BLOCK));
+        let v1 = _mm512_loadu_ps(x.as_ptr().add(b * BLOCK + 16));
+        let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, v0), _mm512_andnot_ps(sign, v1)));
+        let db = amax / 127.0;
+        let id = _mm512_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+        let q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, id));
+        let q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, id));
+        _mm_storeu_si128(qs.as_mut_ptr().add(b * BLOCK) as *mut __m128i, _mm512_cvtsepi32_epi8(q0));
+        _mm_storeu_si128(qs.as_mut_ptr().add(b * BLOCK + 16) as *mut __m128i, _mm512_cvtsepi32_epi8(q1));
+        let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        let dh = half::f16::from_f32(db).to_f32();
+        d[b] = dh;
+        s[b] = dh * sum as f32;
+        s16[b] = half::f16::from_f32(db * sum as f32).to_f32();
+    }
 }

@@ -1,0 +1,257 @@
+//! AMX path of [`super::gemm_rows`] (prefill): Intel AMX-INT8 tile products, one 32-code block at a
+//! time, each block's i32 sums scaled in f32 with AVX-512 as ggml does per block.
+//!
+//! Per tile of 16 weight rows × 16 tokens and block b:
+//! ```text
+//! C_b[m, n] = Σ_{j<32} w[m, 32b + j] · x[n, 32b + j]      (TDPBSSD: i8 × i8 → i32; Q4_1: TDPBUSD, u8 × i8)
+//! acc[m, n] += d_w[m, b] · d_x[n, b] · C_b[m, n]  (+ m_w[m, b] · s_x[n, b] for Q4_1)
+//! ```
+//! Q4_0 and Q8_0 weights enter as signed codes (code − 8, code), so they need no offset term.
+//! The weights of a row tile are unpacked once into [block][16 rows][32] bytes and reused for every
+//! token tile; the activations are laid out once per product in AMX's B layout ([`AmxActs`]).
+//!
+//! The instructions are written with `asm!` (stable Rust has no AMX intrinsics). The kernel asks
+//! Linux for the tile state once per process (`arch_prctl(ARCH_REQ_XCOMP_PERM)`); when the kernel
+//! or hypervisor refuses, [`available`] is false and the AVX-512 path runs instead.
+
+use std::arch::asm;
+use std::arch::x86_64::*;
+use std::sync::OnceLock;
+
+use super::{Kind, OutMat, Packed, QActs, BLOCK};
+
+/// Rows (and tokens) per tile.
+const TILE: usize = 16;
+
+/// Whether this CPU has AMX-INT8 and the OS lets this process use the tile registers.
+pub fn available() -> bool {
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(|| {
+        // CPUID.(EAX=7, ECX=0):EDX bit 24 AMX-TILE, bit 25 AMX-INT8.
+        let leaf = __cpuid_count(7, 0);
+        if leaf.edx & (1 << 24) == 0 || leaf.edx & (1 << 25) == 0 {
+            return false;
+        }
+        request_tile_permission()
+    })
+}
+
+/// `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`: Linux grants the tile data state per
+/// process, for every thread.
+#[cfg(target_os = "linux")]
+fn request_tile_permission() -> bool {
+    const SYS_ARCH_PRCTL: i64 = 158;
+    const ARCH_REQ_XCOMP_PERM: i64 = 0x1023;
+    const XFEATURE_XTILEDATA: i64 = 18;
+    let ret: i64;
+    // SAFETY: a plain system call; it reads no memory of ours and only changes this process's
+    // permission to use the AMX state.
+    unsafe {
+        asm!("syscall", inlateout("rax") SYS_ARCH_PRCTL => ret, in("rdi") ARCH_REQ_XCOMP_PERM,
+             in("rsi") XFEATURE_XTILEDATA, lateout("rcx") _, lateout("r11") _, options(nostack));
+    }
+    ret == 0
+}
+
+#[cfg(not(target_os = "linux"))]
+fn request_tile_permission() -> bool {
+    false
+}
+
+/// Tile configuration (palette 1): C tiles tmm0 / tmm3 [16 tokens × 16 rows, i32], A tiles
+/// tmm1 / tmm4 [16 tokens × 32 codes], B tiles tmm2 / tmm5 [8 groups of 4 codes × 16 rows × 4].
+#[repr(C, align(64))]
+struct TileConfig {
+    palette: u8,
+    start_row: u8,
+    reserved: [u8; 14],
+    colsb: [u16; 16],
+    rows: [u8; 16],
+    reserved2: [u8; 16],
+}
+
+const fn tile_config() -> TileConfig {
+    let mut c =
+        TileConfig { palette: 1, start_row: 0, reserved: [0; 14], colsb: [0; 16], rows: [0; 16], reserved2: [0; 16] };
+    let mut i = 0;
+    while i < 6 {
+        let (rows, colsb) = match i % 3 {
+            0 => (16, 64),
+            1 => (16, 32),
+            _ => (8, 64),
+        };
+        c.rows[i] = rows;
+        c.colsb[i] = colsb;
+        i += 1;
+    }
+    c
+}
+
+/// # Safety
+/// [`available`] must be true (AMX-INT8 with the tile state granted, AVX-512 F/BW/VL, F16C);
+/// `out` must be valid for rows 0..hi − lo and tokens 0..T.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+pub unsafe fn gemm_amx(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat) {
+    let n = w.nbp;
+    let ld = n * BLOCK; // activation row stride, bytes
+    debug_assert!(a.qs.len() >= a.t.next_multiple_of(TILE) * ld, "QActs pads to whole token tiles");
+    let cfg = tile_config();
+    asm!("ldtilecfg [{0}]", in(reg) &cfg, options(nostack, readonly));
+    // One row tile: codes in B layout [nbp, 8, 16, 4], scales and mins [nbp, 16].
+    let mut wt = vec![0i8; n * TILE * BLOCK];
+    let mut rows_tmp = vec![0i8; TILE * n * BLOCK];
+    let mut dw = vec![0f32; n * TILE];
+    let mut mw = vec![0f32; n * TILE];
+    let mut cbuf = [[0i32; TILE * TILE]; 2];
+    let (scale, mu) = (&mut vec![0f32; n], &mut vec![0f32; n]);
+    let q41 = w.kind == Kind::Q4_1;
+    let mut o0 = lo;
+    while o0 < hi {
+        let r = TILE.min(hi - o0);
+        unpack_rows(w, o0, r, &mut rows_tmp, &mut wt, &mut dw, &mut mw, scale, mu);
+        for t0 in (0..a.t).step_by(TILE) {
+            let mut acc = [_mm512_setzero_ps(); TILE];
+            let xp = |b: usize| a.qs.as_ptr().add(t0 * ld + b * BLOCK);
+            let wp = |b: usize| wt.as_ptr().add(b * TILE * BLOCK);
+            // Software-pipelined over two C tiles: block b + 1's product is issued, then block b's
+            // tile is stored and scaled while b + 1 computes.
+            tile_dot(q41, 0, xp(0), ld, wp(0));
+            for b in 0..n {
+                if b + 1 < n {
+                    tile_dot(q41, (b + 1) % 2, xp(b + 1), ld, wp(b + 1));
+                }
+                tile_store(b % 2, cbuf[b % 2].as_mut_ptr());
+                let cb = &cbuf[b % 2];
+                let dwv = _mm512_loadu_ps(dw.as_ptr().add(b * TILE));
+                for m in 0..TILE {
+                    let c = _mm512_cvtepi32_ps(_mm512_loadu_si512(cb.as_ptr().add(m * TILE) as *const _));
+                    let s = _mm512_mul_ps(dwv, _mm512_set1_ps(*a.d.get_unchecked((t0 + m) * n + b)));
+                    acc[m] = _mm512_fmadd_ps(c, s, acc[m]);
+                }
+                if q41 {
+                    let mwv = _mm512_loadu_ps(mw.as_ptr().add(b * TILE));
+                    for m in 0..TILE {
+                        let sx = _mm512_set1_ps(*a.s16.get_unchecked((t0 + m) * n + b));
+                        acc[m] = _mm512_fmadd_ps(mwv, sx, acc[m]);
+                    }
+                }
+            }
+            // acc[m] holds token t0 + m's 16 rows: one (masked) store when rows are contiguous in
+            // `out` (the engine's token-major Y), else a scatter down the row stride.
+            let mask: __mmask16 = if r == TILE { 0xFFFF } else { (1u16 << r) - 1 };
+            let idx = _mm512_mullo_epi32(
+                _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                _mm512_set1_epi32(out.rs as i32),
+            );
+            for m in 0..TILE.min(a.t - t0) {
+                let p = out.at(o0 - lo, t0 + m);
+                if out.rs == 1 {
+                    _mm512_mask_storeu_ps(p, mask, acc[m]);
+                } else {
+                    _mm512_mask_i32scatter_ps::<4>(p, mask, idx, acc[m]);
+                }
+            }
+        }
+        o0 += r;
+    }
+    asm!("tilerelease", options(nostack, nomem));
+}
+
+/// Issue C_slot = A·B for one block: A the 16 token rows × 32 codes at `xp` (row stride `ld`
+/// bytes), B the weight tile at `wp`. Slot 0 uses tmm0–2, slot 1 tmm3–5.
+#[inline(always)]
+unsafe fn tile_dot(q41: bool, slot: usize, xp: *const i8, ld: usize, wp: *const i8) {
+    macro_rules! dot {
+        ($op:literal, $c:literal, $a:literal, $b:literal) => {
+            asm!(concat!("tilezero ", $c), concat!("tileloadd ", $a, ", [{x} + {xs}*1]"),
+                 concat!("tileloadd ", $b, ", [{w} + {ws}*1]"), concat!($op, " ", $c, ", ", $a, ", ", $b),
+                 x = in(reg) xp, xs = in(reg) ld, w = in(reg) wp, ws = in(reg) 64usize, options(nostack, readonly))
+        };
+    }
+    // Q4_1 codes are unsigned (TDPBSUD: signed activations × unsigned weights); Q4_0 and Q8_0
+    // enter signed (TDPBSSD).
+    match (q41, slot) {
+        (false, 0) => dot!("tdpbssd", "tmm0", "tmm1", "tmm2"),
+        (false, _) => dot!("tdpbssd", "tmm3", "tmm4", "tmm5"),
+        (true, 0) => dot!("tdpbsud", "tmm0", "tmm1", "tmm2"),
+        (true, _) => dot!("tdpbsud", "tmm3", "tmm4", "tmm5"),
+    }
+}
+
+/// Store C tile `slot` as 16 × 16 i32 at `cp`.
+#[inline(always)]
+unsafe fn tile_store(slot: usize, cp: *mut i32) {
+    if slot == 0 {
+        asm!("tilestored [{c} + {cs}*1], tmm0", c = in(reg) cp, cs = in(reg) 64usize, options(nostack));
+    } else {
+        asm!("tilestored [{c} + {cs}*1], tmm3", c = in(reg) cp, cs = in(reg) 64usize, options(nostack));
+    }
+}
+
+/// Rows o0..o0+r of `w` as tile B operands: block b at `wt[b·512..]`, byte (g·16 + row)·4 + i =
+/// code 4g + i of that row (signed codes; Q4_1 unsigned), scales and Q4_1 mins [nbp, 16]. Rows
+/// past r are zero.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2")]
+unsafe fn unpack_rows(
+    w: &Packed,
+    o0: usize,
+    r: usize,
+    rows_tmp: &mut [i8],
+    wt: &mut [i8],
+    dw: &mut [f32],
+    mw: &mut [f32],
+    scale: &mut [f32],
+    mu: &mut [f32],
+) {
+    let (n, rq) = (w.nbp, w.row_qs());
+    if r < TILE {
+        rows_tmp.fill(0);
+        dw.fill(0.0);
+        mw.fill(0.0);
+    }
+    for m in 0..r {
+        w.row_scales(o0 + m, scale, mu);
+        let q = &w.qs[(o0 + m) * rq..(o0 + m + 1) * rq];
+        for b in 0..n {
+            dw[b * TILE + m] = scale[b];
+            if w.kind == Kind::Q4_1 {
+                mw[b * TILE + m] = mu[b];
+            }
+        }
+        // Every load reads 32 bytes of `q`, every store one 32-byte block of row m's codes.
+        let base = rows_tmp.as_mut_ptr().add(m * n * BLOCK);
+        let dst = |b: usize| base.add(b * BLOCK) as *mut __m256i;
+        match w.kind {
+            Kind::Q8_0 => {
+                for b in 0..n {
+                    let v = _mm256_loadu_si256(q.as_ptr().add(b * BLOCK) as *const __m256i);
+                    _mm256_storeu_si256(dst(b), _mm256_xor_si256(v, _mm256_set1_epi8(-128)));
+                }
+            }
+            Kind::Q4_0 | Kind::Q4_1 => {
+                let (m4, off) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(if w.kind == Kind::Q4_0 { 8 } else { 0 }));
+                for p in 0..n / 2 {
+                    let v = _mm256_loadu_si256(q.as_ptr().add(p * 32) as *const __m256i);
+                    let lo = _mm256_sub_epi8(_mm256_and_si256(v, m4), off);
+                    let hi = _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16::<4>(v), m4), off);
+                    _mm256_storeu_si256(dst(2 * p), lo);
+                    _mm256_storeu_si256(dst(2 * p + 1), hi);
+                }
+            }
+        }
+    }
+    // [row][b][g][4] → [b][g][row][4]: groups of 4 codes move as one u32.
+    let src = rows_tmp.as_ptr() as *const u32;
+    let dst = wt.as_mut_ptr() as *mut u32;
+    for b in 0..n {
+        for g in 0..8 {
+            for m in 0..TILE {
+                *dst.add((b * 8 + g) * TILE + m) = src.add((m * n + b) * 8 + g).read_unaligned();
+            }
+        }
+    }
+}
