@@ -226,11 +226,15 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
     let ids_file = std::env::temp_dir().join(format!("k3mini-bench-ids-{}.txt", std::process::id()));
     std::fs::write(&ids_file, ids.iter().map(u32::to_string).collect::<Vec<_>>().join(","))?;
     let weight_bytes = weight_bytes_per_token(&a.model)?;
+    let isa = k3_kernels::qgemm::Isa::best();
     println!(
-        "model {} ({:.1} MiB of weights read per decoded token), ids: {longest} pseudo-random, median of {}",
+        "model {} ({:.1} MiB of weights read per decoded token), ids: {longest} pseudo-random, median of {}; \
+         our kernels: {} for prefill, {} for decode (K3MINI_ISA overrides)",
         a.model.display(),
         weight_bytes as f64 / (1 << 20) as f64,
-        a.repeat
+        a.repeat,
+        isa.name(),
+        isa.for_tokens(1).name()
     );
     // Ours first at every thread count, so that our peak RSS is the engine's own (the bandwidth
     // probe's 512 MiB buffer comes after).
@@ -285,6 +289,7 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
     let _ = std::fs::remove_file(&ids_file);
     if let Some(p) = &a.json {
         let j = json!({"model": a.model.display().to_string(), "weight_bytes_per_token": weight_bytes,
+                       "isa_prefill": isa.name(), "isa_decode": isa.for_tokens(1).name(),
                        "peak_rss_mib_ours": rss, "decode_tokens": a.decode_tokens, "repeat": a.repeat,
                        "runs": report});
         k3_format::safetensors_io::write_atomic(p, serde_json::to_string_pretty(&j)?.as_bytes())?;

@@ -85,6 +85,11 @@ pub fn train(a: &crate::TrainArgs, distill: bool) -> Result<()> {
     let opts = trainer::RunOptions { out: a.out.clone(), resume: a.resume, stop_at: a.stop_at };
     let s = trainer::run_with_teacher(&cfg, &opts, teacher, policy)
         .with_context(|| format!("training in {}", a.out.display()))?;
+    if s.train_loss.is_nan() && s.val.is_none() {
+        // Resumed at the last step: nothing ran in this process.
+        println!("step {}: already complete; checkpoint {}", s.step, s.checkpoint.display());
+        return Ok(());
+    }
     let val = s.val.as_ref().map_or("n/a".to_string(), |v| format!("{:.4} (ppl {:.2})", v.loss, v.perplexity()));
     println!(
         "step {} ({:.2}M tokens): train loss {:.4}, validation loss {val}, {:.0} tokens/s; checkpoint {}",

@@ -130,23 +130,66 @@ impl Mla {
         }
         let scale = 1.0 / (qk as f32).sqrt();
         let mut att = vec![0f32; t * h * dv];
-        let (mut q_abs, mut q_r, mut lat) = (vec![0f32; h * r], vec![0f32; h * dr], vec![0f32; h * r]);
-        for tt in 0..t {
-            let qrow = &q[tt * h * qk..(tt + 1) * h * qk];
-            for hh in 0..h {
-                // q̃ = W_ukᵀ q_nope: rows h·R..h·R+R of k_b dotted with q_nope^h
-                let qn = &qrow[hh * qk..hh * qk + dn];
-                self.k_b[hh].matvec(qn, &mut q_abs[hh * r..(hh + 1) * r], cx.single());
-                q_r[hh * dr..(hh + 1) * dr].copy_from_slice(&qrow[hh * qk + dn..(hh + 1) * qk]);
+        if cx.exact {
+            // The reference: one query at a time, heads against the cache one after another.
+            let (mut q_abs, mut q_r, mut lat) = (vec![0f32; h * r], vec![0f32; h * dr], vec![0f32; h * r]);
+            for tt in 0..t {
+                let qrow = &q[tt * h * qk..(tt + 1) * h * qk];
+                for hh in 0..h {
+                    // q̃ = W_ukᵀ q_nope: rows h·R..h·R+R of k_b dotted with q_nope^h
+                    let qn = &qrow[hh * qk..hh * qk + dn];
+                    self.k_b[hh].matvec(qn, &mut q_abs[hh * r..(hh + 1) * r], cx.single());
+                    q_r[hh * dr..(hh + 1) * dr].copy_from_slice(&qrow[hh * qk + dn..(hh + 1) * qk]);
+                }
+                let visible = &cache[..(past + tt + 1) * (r + dr)]; // causal
+                attention::mla_attend(&mut lat, &q_abs, &q_r, visible, r, dr, scale, false, cx.threads);
+                for hh in 0..h {
+                    self.v_b[hh].matvec(
+                        &lat[hh * r..(hh + 1) * r],
+                        &mut att[(tt * h + hh) * dv..(tt * h + hh + 1) * dv],
+                        cx.single(),
+                    );
+                }
             }
-            let visible = &cache[..(past + tt + 1) * (r + dr)]; // causal
-            attention::mla_attend(&mut lat, &q_abs, &q_r, visible, r, dr, scale, !cx.exact, cx.threads);
-            for hh in 0..h {
-                self.v_b[hh].matvec(
-                    &lat[hh * r..(hh + 1) * r],
-                    &mut att[(tt * h + hh) * dv..(tt * h + hh + 1) * dv],
-                    cx.single(),
+        } else {
+            // Blocks of queries, all heads at once: [nq, H, R + Dr] rows `[q̃ ; q_r]` against the
+            // latent cache in one pass (attention::mla_attend_block).
+            const QB: usize = 16;
+            let mut qb = vec![0f32; QB * h * (r + dr)];
+            let mut lat = vec![0f32; QB * h * r];
+            for t0 in (0..t).step_by(QB) {
+                let nq = QB.min(t - t0);
+                for i in 0..nq {
+                    let qrow = &q[(t0 + i) * h * qk..(t0 + i + 1) * h * qk];
+                    for hh in 0..h {
+                        let dst = &mut qb[(i * h + hh) * (r + dr)..(i * h + hh + 1) * (r + dr)];
+                        self.k_b[hh].matvec(&qrow[hh * qk..hh * qk + dn], &mut dst[..r], cx.single());
+                        dst[r..].copy_from_slice(&qrow[hh * qk + dn..(hh + 1) * qk]);
+                    }
+                }
+                let visible = &cache[..(past + t0 + nq) * (r + dr)];
+                attention::mla_attend_block(
+                    &mut lat[..nq * h * r],
+                    &qb[..nq * h * (r + dr)],
+                    visible,
+                    h,
+                    r,
+                    dr,
+                    past + t0,
+                    scale,
+                    true,
+                    cx.threads,
                 );
+                for i in 0..nq {
+                    for hh in 0..h {
+                        let row = (t0 + i) * h + hh;
+                        self.v_b[hh].matvec(
+                            &lat[(i * h + hh) * r..(i * h + hh + 1) * r],
+                            &mut att[row * dv..(row + 1) * dv],
+                            cx.single(),
+                        );
+                    }
+                }
             }
         }
         if let Some(g) = &self.gate {

@@ -73,7 +73,7 @@ pub fn exp_fast(x: f32) -> f32 {
     p = p * r + 8.333_452e-3;
     p = p * r + 4.166_579_6e-2;
     p = p * r + 1.666_666_5e-1;
-    p = p * r + 5.000_000_1e-1;
+    p = p * r + 0.5;
     let y = p * r * r + r + 1.0;
     y * f32::from_bits(((n as i32 + 127) as u32) << 23)
 }
@@ -183,20 +183,51 @@ pub fn axpy_ref(y: &mut [f32], a: f32, x: &[f32]) {
 /// `C[m×n] += A[m×k] · B[k×n]` (row-major), SIMD-dispatched (see `simd`).
 pub fn matmul_acc(c: &mut [f32], a: &[f32], b: &[f32], m: usize, k: usize, n: usize) {
     if reference() {
-        return matmul_acc_ref(c, a, b, m, k, n);
+        return matmul_acc_ref(c, n, a, k, b, n, m, k, n);
     }
     crate::simd::matmul_acc(c, a, b, m, k, n)
 }
 
-/// The reference for [`matmul_acc`]: one sequential sum per element.
-pub fn matmul_acc_ref(c: &mut [f32], a: &[f32], b: &[f32], m: usize, k: usize, n: usize) {
+/// The reference for [`crate::simd::matmul_acc_strided`]: one sequential sum per element.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_acc_ref(
+    c: &mut [f32],
+    ldc: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    m: usize,
+    k: usize,
+    n: usize,
+) {
     for i in 0..m {
         for j in 0..n {
-            let mut s = c[i * n + j];
+            let mut s = c[i * ldc + j];
             for kk in 0..k {
-                s += a[i * k + kk] * b[kk * n + j];
+                s += a[i * lda + kk] * b[kk * ldb + j];
             }
-            c[i * n + j] = s;
+            c[i * ldc + j] = s;
+        }
+    }
+}
+
+/// The reference for [`crate::simd::matmul_nt_acc`]: C += A·Bᵀ, one sequential sum per element.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_nt_acc_ref(
+    c: &mut [f32],
+    ldc: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    m: usize,
+    k: usize,
+    n: usize,
+) {
+    for i in 0..m {
+        for j in 0..n {
+            c[i * ldc + j] += dot_ref(&a[i * lda..i * lda + k], &b[j * ldb..j * ldb + k]);
         }
     }
 }

@@ -41,17 +41,69 @@ pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     (table().axpy)(y, a, x)
 }
 
-/// `C[m×n] += A[m×k] · B[k×n]`, all row-major (the chunked KDA's state products): AVX-512 tiles of
-/// 4 rows × 64 columns held in registers across k, else the plain loops.
+/// `C[m×n] += A[m×k] · B[k×n]`, all row-major and contiguous (the chunked KDA's state products).
 pub fn matmul_acc(c: &mut [f32], a: &[f32], b: &[f32], m: usize, k: usize, n: usize) {
-    assert!(c.len() >= m * n && a.len() >= m * k && b.len() >= k * n, "matmul_acc: operand too short");
+    matmul_acc_strided(c, n, a, k, b, n, m, k, n)
+}
+
+/// [`matmul_acc`] with row strides: `C[i, j] (= c[i·ldc + j]) += Σ_kk a[i·lda + kk] · b[kk·ldb + j]`.
+/// AVX-512: tiles of 8 rows × 32 columns held in registers across k, so B is streamed once per
+/// 8 rows of A; else the plain loops.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_acc_strided(
+    c: &mut [f32],
+    ldc: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    m: usize,
+    k: usize,
+    n: usize,
+) {
+    check("matmul_acc", c, ldc, m, n);
+    check("matmul_acc A", a, lda, m, k);
+    check("matmul_acc B", b, ldb, k, n);
     #[cfg(target_arch = "x86_64")]
     if crate::qgemm::Isa::best() >= crate::qgemm::Isa::Avx512Vnni {
-        // SAFETY: AVX-512F is present (Isa::best checks it); lengths checked above.
-        unsafe { x86::matmul_acc512(c, a, b, m, k, n) };
+        // SAFETY: AVX-512F is present (Isa::best checks it); extents checked above.
+        unsafe { x86::matmul_acc512(c, ldc, a, lda, b, ldb, m, k, n) };
         return;
     }
-    crate::ops::matmul_acc_ref(c, a, b, m, k, n)
+    crate::ops::matmul_acc_ref(c, ldc, a, lda, b, ldb, m, k, n)
+}
+
+/// `C[i, j] (= c[i·ldc + j]) += Σ_kk a[i·lda + kk] · b[j·ldb + kk]`: A times B transposed, B's rows
+/// being the other operand's rows (attention scores against cache rows). AVX-512: 8 rows of A
+/// against 2 rows of B per tile, so B is streamed once per 8 rows of A; else the plain loops.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_nt_acc(
+    c: &mut [f32],
+    ldc: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    m: usize,
+    k: usize,
+    n: usize,
+) {
+    check("matmul_nt_acc", c, ldc, m, n);
+    check("matmul_nt_acc A", a, lda, m, k);
+    check("matmul_nt_acc B", b, ldb, n, k);
+    #[cfg(target_arch = "x86_64")]
+    if crate::qgemm::Isa::best() >= crate::qgemm::Isa::Avx512Vnni {
+        // SAFETY: AVX-512F is present (Isa::best checks it); extents checked above.
+        unsafe { x86::matmul_nt_acc512(c, ldc, a, lda, b, ldb, m, k, n) };
+        return;
+    }
+    crate::ops::matmul_nt_acc_ref(c, ldc, a, lda, b, ldb, m, k, n)
+}
+
+/// A strided [rows × cols] operand must fit its slice.
+fn check(what: &str, x: &[f32], ld: usize, rows: usize, cols: usize) {
+    assert!(cols <= ld || rows <= 1, "{what}: {cols} columns exceed the stride {ld}");
+    assert!(rows == 0 || cols == 0 || x.len() >= (rows - 1) * ld + cols, "{what}: operand too short");
 }
 
 /// Round every value to the nearest f16 (ties to even), in place: F16C 16 at a time when the
@@ -126,54 +178,156 @@ mod x86 {
         }
     }
 
-    /// See [`super::matmul_acc`]. Operands must be long enough (checked by the caller).
+    /// See [`super::matmul_acc_strided`]. Extents are checked by the caller.
+    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn matmul_acc512(c: &mut [f32], a: &[f32], b: &[f32], m: usize, k: usize, n: usize) {
-        let mut i0 = 0;
-        while i0 < m {
-            match m - i0 {
-                1 => rows512::<1>(c, a, b, i0, k, n),
-                2 => rows512::<2>(c, a, b, i0, k, n),
-                3 => rows512::<3>(c, a, b, i0, k, n),
-                _ => rows512::<4>(c, a, b, i0, k, n),
-            }
-            i0 += 4;
+    pub unsafe fn matmul_acc512(
+        c: &mut [f32],
+        ldc: usize,
+        a: &[f32],
+        lda: usize,
+        b: &[f32],
+        ldb: usize,
+        m: usize,
+        k: usize,
+        n: usize,
+    ) {
+        // k in panels of KC rows of B, so that a panel is pulled from memory once and re-read
+        // from L2 by every 32-column block (a long B, e.g. a 32K-row attention cache, would
+        // otherwise be streamed once per column block).
+        const KC: usize = 256;
+        let mut k0 = 0;
+        while k0 < k {
+            let kc = KC.min(k - k0);
+            panel512(c, ldc, &a[k0..], lda, &b[k0 * ldb..], ldb, m, kc, n);
+            k0 += kc;
         }
     }
 
-    /// Rows i0..i0+R of C, 64 columns at a time (4 × 16 lanes, the last ones masked).
+    #[allow(clippy::too_many_arguments)]
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn rows512<const R: usize>(c: &mut [f32], a: &[f32], b: &[f32], i0: usize, k: usize, n: usize) {
+    unsafe fn panel512(
+        c: &mut [f32],
+        ldc: usize,
+        a: &[f32],
+        lda: usize,
+        b: &[f32],
+        ldb: usize,
+        m: usize,
+        k: usize,
+        n: usize,
+    ) {
         let (pc, pa, pb) = (c.as_mut_ptr(), a.as_ptr(), b.as_ptr());
-        let mut j0 = 0;
-        while j0 < n {
-            let mask: [__mmask16; 4] = std::array::from_fn(|q| {
-                let left = n.saturating_sub(j0 + 16 * q).min(16);
-                ((1u32 << left) - 1) as u16
-            });
-            let mut acc = [[_mm512_setzero_ps(); 4]; R];
-            for r in 0..R {
-                for q in 0..4 {
-                    acc[r][q] = _mm512_maskz_loadu_ps(mask[q], pc.add((i0 + r) * n + j0 + 16 * q));
+        let mut i0 = 0;
+        while i0 < m {
+            let rows = (m - i0).min(8);
+            let mut j0 = 0;
+            while j0 < n {
+                let mask: [__mmask16; 2] = std::array::from_fn(|q| {
+                    let left = n.saturating_sub(j0 + 16 * q).min(16);
+                    ((1u32 << left) - 1) as u16
+                });
+                macro_rules! tile {
+                    ($r:literal) => {{
+                        let mut acc = [[_mm512_setzero_ps(); 2]; $r];
+                        for r in 0..$r {
+                            for q in 0..2 {
+                                acc[r][q] = _mm512_maskz_loadu_ps(mask[q], pc.add((i0 + r) * ldc + j0 + 16 * q));
+                            }
+                        }
+                        for kk in 0..k {
+                            let bv: [__m512; 2] =
+                                std::array::from_fn(|q| _mm512_maskz_loadu_ps(mask[q], pb.add(kk * ldb + j0 + 16 * q)));
+                            for r in 0..$r {
+                                let av = _mm512_set1_ps(*pa.add((i0 + r) * lda + kk));
+                                acc[r][0] = _mm512_fmadd_ps(av, bv[0], acc[r][0]);
+                                acc[r][1] = _mm512_fmadd_ps(av, bv[1], acc[r][1]);
+                            }
+                        }
+                        for r in 0..$r {
+                            for q in 0..2 {
+                                _mm512_mask_storeu_ps(pc.add((i0 + r) * ldc + j0 + 16 * q), mask[q], acc[r][q]);
+                            }
+                        }
+                    }};
                 }
-            }
-            for kk in 0..k {
-                let bv: [__m512; 4] =
-                    std::array::from_fn(|q| _mm512_maskz_loadu_ps(mask[q], pb.add(kk * n + j0 + 16 * q)));
-                for r in 0..R {
-                    let av = _mm512_set1_ps(*pa.add((i0 + r) * k + kk));
-                    for q in 0..4 {
-                        acc[r][q] = _mm512_fmadd_ps(av, bv[q], acc[r][q]);
-                    }
+                match rows {
+                    1 => tile!(1),
+                    2 => tile!(2),
+                    3 => tile!(3),
+                    4 => tile!(4),
+                    5 => tile!(5),
+                    6 => tile!(6),
+                    7 => tile!(7),
+                    _ => tile!(8),
                 }
+                j0 += 32;
             }
-            for r in 0..R {
-                for q in 0..4 {
-                    _mm512_mask_storeu_ps(pc.add((i0 + r) * n + j0 + 16 * q), mask[q], acc[r][q]);
+            i0 += 8;
+        }
+    }
+
+    /// See [`super::matmul_nt_acc`]. Extents are checked by the caller.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn matmul_nt_acc512(
+        c: &mut [f32],
+        ldc: usize,
+        a: &[f32],
+        lda: usize,
+        b: &[f32],
+        ldb: usize,
+        m: usize,
+        k: usize,
+        n: usize,
+    ) {
+        let (pc, pa, pb) = (c.as_mut_ptr(), a.as_ptr(), b.as_ptr());
+        let mut i0 = 0;
+        while i0 < m {
+            let rows = (m - i0).min(8);
+            let mut j0 = 0;
+            while j0 < n {
+                let cols = (n - j0).min(2);
+                macro_rules! tile {
+                    ($r:literal, $c:literal) => {{
+                        let mut acc = [[_mm512_setzero_ps(); $c]; $r];
+                        let mut kk = 0;
+                        while kk < k {
+                            let left = (k - kk).min(16);
+                            let mk: __mmask16 = ((1u32 << left) - 1) as u16;
+                            let bv: [__m512; $c] =
+                                std::array::from_fn(|q| _mm512_maskz_loadu_ps(mk, pb.add((j0 + q) * ldb + kk)));
+                            for r in 0..$r {
+                                let av = _mm512_maskz_loadu_ps(mk, pa.add((i0 + r) * lda + kk));
+                                for q in 0..$c {
+                                    acc[r][q] = _mm512_fmadd_ps(av, bv[q], acc[r][q]);
+                                }
+                            }
+                            kk += 16;
+                        }
+                        for r in 0..$r {
+                            for q in 0..$c {
+                                *pc.add((i0 + r) * ldc + j0 + q) += _mm512_reduce_add_ps(acc[r][q]);
+                            }
+                        }
+                    }};
                 }
+                match (rows, cols) {
+                    (8, 2) => tile!(8, 2),
+                    (8, _) => tile!(8, 1),
+                    (4..=7, 2) => tile!(4, 2),
+                    (4..=7, _) => tile!(4, 1),
+                    (_, 2) => tile!(1, 2),
+                    _ => tile!(1, 1),
+                }
+                j0 += cols;
             }
-            j0 += 64;
+            i0 += match rows {
+                8 => 8,
+                4..=7 => 4,
+                _ => 1,
+            };
         }
     }
 
@@ -253,16 +407,42 @@ mod x86 {
         #[test]
         fn matmul_acc_matches_the_loops() {
             let mut rng = Rng::new(12);
-            for &(m, k, n) in &[(1, 1, 1), (3, 5, 17), (4, 128, 128), (7, 33, 70), (64, 64, 128), (9, 16, 200)] {
+            let close = |g: f32, w: f32, k: usize| (g - w).abs() <= 1e-5 * (1.0 + w.abs()) * (k as f32).sqrt();
+            for &(m, k, n) in
+                &[(1, 1, 1), (3, 5, 17), (4, 128, 128), (7, 33, 70), (64, 64, 128), (9, 16, 200), (13, 320, 37)]
+            {
                 let (a, b, c0) = (rng.normals(m * k, 1.0), rng.normals(k * n, 1.0), rng.normals(m * n, 1.0));
-                let (mut want, mut got) = (c0.clone(), c0);
-                crate::ops::matmul_acc_ref(&mut want, &a, &b, m, k, n);
+                let (mut want, mut got) = (c0.clone(), c0.clone());
+                crate::ops::matmul_acc_ref(&mut want, n, &a, k, &b, n, m, k, n);
                 super::super::matmul_acc(&mut got, &a, &b, m, k, n);
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                    assert!(
-                        (g - w).abs() <= 1e-5 * (1.0 + w.abs()) * (k as f32).sqrt(),
-                        "[{m}x{k}x{n}] {i}: {g} vs {w}"
-                    );
+                    assert!(close(*g, *w, k), "[{m}x{k}x{n}] {i}: {g} vs {w}");
+                }
+                // Strides wider than the operands (padding must stay untouched), and A · Bᵀ with B
+                // given as [n × k] rows.
+                let (lda, ldb, ldbt, ldc) = (k + 3, n + 1, k + 5, n + 2);
+                let pad = |x: &[f32], rows: usize, cols: usize, ld: usize| -> Vec<f32> {
+                    let mut v = vec![7.0; rows * ld];
+                    for r in 0..rows {
+                        v[r * ld..r * ld + cols].copy_from_slice(&x[r * cols..(r + 1) * cols]);
+                    }
+                    v
+                };
+                let bt: Vec<f32> = (0..n).flat_map(|j| (0..k).map(|kk| b[kk * n + j]).collect::<Vec<_>>()).collect();
+                let (ap, bp, btp) = (pad(&a, m, k, lda), pad(&b, k, n, ldb), pad(&bt, n, k, ldbt));
+                let (mut s1, mut s2) = (pad(&c0, m, n, ldc), pad(&c0, m, n, ldc));
+                super::super::matmul_acc_strided(&mut s1, ldc, &ap, lda, &bp, ldb, m, k, n);
+                super::super::matmul_nt_acc(&mut s2, ldc, &ap, lda, &btp, ldbt, m, k, n);
+                let mut w2 = pad(&c0, m, n, ldc);
+                crate::ops::matmul_nt_acc_ref(&mut w2, ldc, &ap, lda, &btp, ldbt, m, k, n);
+                for r in 0..m {
+                    for j in 0..ldc {
+                        let i = r * ldc + j;
+                        let w = if j < n { want[r * n + j] } else { 7.0 };
+                        assert!(close(s1[i], w, k), "strided [{m}x{k}x{n}] ({r},{j}): {} vs {w}", s1[i]);
+                        assert!(close(s2[i], w2[i], k), "nt [{m}x{k}x{n}] ({r},{j}): {} vs {}", s2[i], w2[i]);
+                        assert!(close(s2[i], w, k), "nt vs nn [{m}x{k}x{n}] ({r},{j})");
+                    }
                 }
             }
         }

@@ -1,0 +1,48 @@
+//! Absorbed MLA attention for one decode token at the 370M bench shape (8 heads, kv_lora 256,
+//! rope 64): the per-head reference loop (`mla_attend`) against the block form the engine runs
+//! (`mla_attend_block`), at several cache lengths, both timed in the same run (median of 7).
+//!
+//!   cargo run --release -p k3-kernels --example mla_attend_speed [THREADS]
+use k3_kernels::attention::{mla_attend, mla_attend_block};
+use std::time::Instant;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let threads: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(1);
+    let (h, r, dr) = (8, 256, 64);
+    let mut rng = k3_kernels::testing::Rng::new(5);
+    for s in [512, 4096, 32768] {
+        let cache = rng.normals(s * (r + dr), 1.0);
+        let qb = rng.normals(h * (r + dr), 1.0);
+        let (mut qa, mut qr) = (vec![0f32; h * r], vec![0f32; h * dr]);
+        for hh in 0..h {
+            qa[hh * r..(hh + 1) * r].copy_from_slice(&qb[hh * (r + dr)..hh * (r + dr) + r]);
+            qr[hh * dr..(hh + 1) * dr].copy_from_slice(&qb[hh * (r + dr) + r..(hh + 1) * (r + dr)]);
+        }
+        let mut out = vec![0f32; h * r];
+        let mut time = |f: &mut dyn FnMut(&mut [f32])| {
+            median(
+                (0..7)
+                    .map(|_| {
+                        let t0 = Instant::now();
+                        f(&mut out);
+                        t0.elapsed().as_secs_f64() * 1e3
+                    })
+                    .collect(),
+            )
+        };
+        let per_head = time(&mut |o| mla_attend(o, &qa, &qr, &cache, r, dr, 0.1, true, threads));
+        let block = time(&mut |o| mla_attend_block(o, &qb, &cache, h, r, dr, s - 1, 0.1, true, threads));
+        let gb = (s * (r + dr) * 4) as f64 / 1e9;
+        println!(
+            "S = {s:>6}: per-head {per_head:8.3} ms, block {block:8.3} ms ({:.2}x); cache {:.0} MB, block streams it at {:.1} GB/s",
+            per_head / block,
+            gb * 1e3,
+            2.0 * gb / (block / 1e3)
+        );
+    }
+}
