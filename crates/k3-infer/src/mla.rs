@@ -152,24 +152,37 @@ impl Mla {
                 }
             }
         } else {
+            // q̃ = W_ukᵀ q_nope for every token of a head at once: [T, Dn] · k_bᵀ → [T, R].
+            let mut qabs = vec![0f32; t * h * r]; // [T, H, R]
+            let (mut xh, mut yh) = (vec![0f32; t * dn.max(r)], vec![0f32; t * r.max(dv)]);
+            for hh in 0..h {
+                for tt in 0..t {
+                    let src = tt * h * qk + hh * qk;
+                    xh[tt * dn..(tt + 1) * dn].copy_from_slice(&q[src..src + dn]);
+                }
+                self.k_b[hh].matmul(&xh[..t * dn], t, &mut yh[..t * r], cx);
+                for tt in 0..t {
+                    qabs[(tt * h + hh) * r..(tt * h + hh + 1) * r].copy_from_slice(&yh[tt * r..(tt + 1) * r]);
+                }
+            }
             // Blocks of queries, all heads at once: [nq, H, R + Dr] rows `[q̃ ; q_r]` against the
             // latent cache in one pass (attention::mla_attend_block).
             const QB: usize = 16;
             let mut qb = vec![0f32; QB * h * (r + dr)];
-            let mut lat = vec![0f32; QB * h * r];
+            let mut lat = vec![0f32; t * h * r]; // [T, H, R]
             for t0 in (0..t).step_by(QB) {
                 let nq = QB.min(t - t0);
                 for i in 0..nq {
-                    let qrow = &q[(t0 + i) * h * qk..(t0 + i + 1) * h * qk];
                     for hh in 0..h {
-                        let dst = &mut qb[(i * h + hh) * (r + dr)..(i * h + hh + 1) * (r + dr)];
-                        self.k_b[hh].matvec(&qrow[hh * qk..hh * qk + dn], &mut dst[..r], cx.single());
-                        dst[r..].copy_from_slice(&qrow[hh * qk + dn..(hh + 1) * qk]);
+                        let (row, dst) = ((t0 + i) * h + hh, (i * h + hh) * (r + dr));
+                        qb[dst..dst + r].copy_from_slice(&qabs[row * r..(row + 1) * r]);
+                        let src = (t0 + i) * h * qk + hh * qk + dn;
+                        qb[dst + r..dst + r + dr].copy_from_slice(&q[src..src + dr]);
                     }
                 }
                 let visible = &cache[..(past + t0 + nq) * (r + dr)];
                 attention::mla_attend_block(
-                    &mut lat[..nq * h * r],
+                    &mut lat[t0 * h * r..(t0 + nq) * h * r],
                     &qb[..nq * h * (r + dr)],
                     visible,
                     h,
@@ -180,15 +193,17 @@ impl Mla {
                     true,
                     cx.threads,
                 );
-                for i in 0..nq {
-                    for hh in 0..h {
-                        let row = (t0 + i) * h + hh;
-                        self.v_b[hh].matvec(
-                            &lat[(i * h + hh) * r..(i * h + hh + 1) * r],
-                            &mut att[row * dv..(row + 1) * dv],
-                            cx.single(),
-                        );
-                    }
+            }
+            // The values, per head for every token: [T, R] · v_bᵀ → [T, Dv].
+            for hh in 0..h {
+                for tt in 0..t {
+                    let row = tt * h + hh;
+                    xh[tt * r..(tt + 1) * r].copy_from_slice(&lat[row * r..(row + 1) * r]);
+                }
+                self.v_b[hh].matmul(&xh[..t * r], t, &mut yh[..t * dv], cx);
+                for tt in 0..t {
+                    let row = tt * h + hh;
+                    att[row * dv..(row + 1) * dv].copy_from_slice(&yh[tt * dv..(tt + 1) * dv]);
                 }
             }
         }

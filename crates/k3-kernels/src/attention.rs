@@ -89,7 +89,8 @@ pub fn mla_attend(
 /// Absorbed MLA for a block of `nq` consecutive queries at positions p0..p0+nq, all heads at once
 /// (prefill and decode): scores for every (query, head) row against the cache rows as one A·Bᵀ
 /// product, the causal softmax per row, then the probabilities times the latent rows, so the
-/// cache is streamed once per 8 (query, head) rows instead of twice per head per query.
+/// cache is streamed from memory about once per thread, in L2-sized panels, instead of twice per
+/// head per query.
 /// The same arithmetic as [`mla_attend_ref`] per row, up to the order of the sums.
 ///
 /// # Shapes
@@ -118,7 +119,9 @@ pub fn mla_attend_block(
         crate::simd::round_f16_inplace(&mut qv);
     }
     let threads = if s * rows * w < 1 << 15 { 1 } else { threads.max(1) };
-    let per = rows.div_ceil(threads).clamp(1, 8);
+    // One group of rows per thread: the products block the cache in L2-sized panels, so a
+    // bigger group streams it from memory fewer times.
+    let per = rows.div_ceil(threads).max(1);
     let o = OutPtr(out.as_mut_ptr());
     crate::threads::Pool::global().run(threads, rows.div_ceil(per), &|g| {
         let (r0, r1) = (g * per, ((g + 1) * per).min(rows));

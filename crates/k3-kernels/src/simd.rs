@@ -282,6 +282,32 @@ mod x86 {
         k: usize,
         n: usize,
     ) {
+        // B in panels of NB rows, each pulled from memory once and re-read from L2 by every
+        // 8-row tile of A (a long B, e.g. a 32K-row attention cache, would otherwise be streamed
+        // once per tile).
+        const NB: usize = 128;
+        let mut p0 = 0;
+        while p0 < n {
+            let nb = NB.min(n - p0);
+            nt_panel512(&mut c[p0..], ldc, a, lda, &b[p0 * ldb..], ldb, m, k, nb);
+            p0 += nb;
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn nt_panel512(
+        c: &mut [f32],
+        ldc: usize,
+        a: &[f32],
+        lda: usize,
+        b: &[f32],
+        ldb: usize,
+        m: usize,
+        k: usize,
+        n: usize,
+    ) {
         let (pc, pa, pb) = (c.as_mut_ptr(), a.as_ptr(), b.as_ptr());
         let mut i0 = 0;
         while i0 < m {
