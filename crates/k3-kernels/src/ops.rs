@@ -144,11 +144,6 @@ pub fn set_reference_arithmetic(on: bool) {
     REFERENCE.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// Whether [`set_reference_arithmetic`] is on.
-pub fn reference_arithmetic() -> bool {
-    reference()
-}
-
 fn reference() -> bool {
     REFERENCE.load(std::sync::atomic::Ordering::Relaxed)
 }

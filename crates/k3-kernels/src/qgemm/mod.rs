@@ -306,7 +306,8 @@ unsafe impl Sync for RowPtr {}
 /// d rounded to f16, s = d·Σq exact and rounded to f16.
 fn quantize_row(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32], s16: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if Isa::best() >= Isa::Avx512Vnni && !crate::ops::reference_arithmetic() {
+    // No `--exact` branch: the SIMD quantizer gives the reference's bits (tested).
+    if Isa::best() >= Isa::Avx512Vnni {
         // SAFETY: AVX-512F/BW is present (Isa::best checks it).
         unsafe { x86::quantize_row512(x, qs, d, s, s16) };
         return;
