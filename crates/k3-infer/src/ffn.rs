@@ -37,7 +37,10 @@ impl Mlp {
     pub fn forward(&self, x: &[f32], t: usize, cx: Compute) -> Vec<f32> {
         let mut g = self.gate.apply(x, t, cx);
         let u = self.up.apply(x, t, cx);
-        glu_inplace(&mut g, &u, self.act);
+        let f = self.gate.rows;
+        crate::threads::par_rows(&mut g, f, cx.threads, |r0, blk| {
+            glu_inplace(blk, &u[r0 * f..r0 * f + blk.len()], self.act)
+        });
         self.down.apply(&g, t, cx)
     }
 }

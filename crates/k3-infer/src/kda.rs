@@ -7,6 +7,7 @@ use k3_kernels::{conv, kda as core, ops};
 
 use crate::linear::{Compute, Matrix};
 use crate::source::Source;
+use crate::threads;
 use crate::Result;
 
 /// Chunk size of the prefill WY form.
@@ -100,7 +101,7 @@ impl Kda {
             qkv.extend_from_slice(&v[r * w..(r + 1) * w]);
         }
         let mut y = vec![0f32; t * 3 * w];
-        conv::short_conv_silu(&mut y, &qkv, &self.conv_w, &mut st.conv, 3 * w, self.kc);
+        conv::short_conv_silu(&mut y, &qkv, &self.conv_w, &mut st.conv, 3 * w, self.kc, cx.threads);
         let (mut q, mut k, mut v) = (Vec::with_capacity(t * w), Vec::with_capacity(t * w), Vec::with_capacity(t * w));
         for r in 0..t {
             let row = &y[r * 3 * w..(r + 1) * 3 * w];
@@ -109,29 +110,39 @@ impl Kda {
             v.extend_from_slice(&row[2 * w..]);
         }
         // transformers / fla use eps 1e-6 here, llama.cpp rms_norm_eps: follow the mode's reference.
-        if cx.exact {
-            ops::l2norm_inplace(&mut q, kd, 1e-6);
-            ops::l2norm_inplace(&mut k, kd, 1e-6);
-        } else {
-            ops::l2norm_ggml_inplace(&mut q, kd, self.eps);
-            ops::l2norm_ggml_inplace(&mut k, kd, self.eps);
+        for m in [&mut q, &mut k] {
+            threads::par_rows(m, w, cx.threads, |_, blk| {
+                if cx.exact {
+                    ops::l2norm_inplace(blk, kd, 1e-6);
+                } else {
+                    ops::l2norm_ggml_inplace(blk, kd, self.eps);
+                }
+            });
         }
 
         // Forget gate g (log-space, ≤ 0) and β.
+        // The libm forms only under reference arithmetic; else the inlined ones, which vectorise.
+        let reference = ops::reference_arithmetic();
         let mut g = self.f_b.apply(&self.f_a.apply(x, t, cx), t, cx); // [T, W]
-        for r in 0..t {
-            for hh in 0..h {
-                let a = self.a[hh];
-                for d in 0..kd {
-                    let idx = r * w + hh * kd + d;
-                    let f = g[idx] + self.dt_bias[hh * kd + d];
-                    g[idx] = match self.decay {
-                        KdaDecay::Softplus => -a * ops::softplus(f),
-                        KdaDecay::LowerBound(lb) => lb * ops::sigmoid(a * f),
-                    };
+        threads::par_rows(&mut g, w, cx.threads, |_, blk| {
+            for row in blk.chunks_exact_mut(w) {
+                for (hh, gh) in row.chunks_exact_mut(kd).enumerate() {
+                    let (a, bias) = (self.a[hh], &self.dt_bias[hh * kd..(hh + 1) * kd]);
+                    let pairs = gh.iter_mut().zip(bias);
+                    match (self.decay, reference) {
+                        (KdaDecay::Softplus, false) => {
+                            pairs.for_each(|(gv, &bv)| *gv = -a * ops::softplus_fast(*gv + bv))
+                        }
+                        (KdaDecay::Softplus, true) => {
+                            pairs.for_each(|(gv, &bv)| *gv = -a * ops::softplus_ref(*gv + bv))
+                        }
+                        (KdaDecay::LowerBound(lb), _) => {
+                            pairs.for_each(|(gv, &bv)| *gv = lb * ops::sigmoid(a * (*gv + bv)))
+                        }
+                    }
                 }
             }
-        }
+        });
         let mut beta = self.b.apply(x, t, cx); // [T, H]
         beta.iter_mut().for_each(|b| *b = ops::sigmoid(*b));
 
@@ -148,10 +159,16 @@ impl Kda {
             OutGate::Full(gm) => gm.apply(x, t, cx),
         };
         let mut normed = vec![0f32; t * w];
-        ops::rmsnorm(&mut normed, &o, &self.o_norm, self.eps);
-        for (n, gv) in normed.iter_mut().zip(&gate) {
-            *n *= ops::sigmoid(*gv);
-        }
+        threads::par_rows(&mut normed, w, cx.threads, |r0, blk| {
+            let at = r0 * w..r0 * w + blk.len();
+            ops::rmsnorm(blk, &o[at.clone()], &self.o_norm, self.eps);
+            let pairs = blk.iter_mut().zip(&gate[at]);
+            if reference {
+                pairs.for_each(|(n, gv)| *n *= ops::sigmoid(*gv));
+            } else {
+                pairs.for_each(|(n, gv)| *n *= ops::sigmoid_fast(*gv));
+            }
+        });
         self.o.apply(&normed, t, cx)
     }
 }

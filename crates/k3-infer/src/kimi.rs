@@ -10,6 +10,7 @@ use crate::linear::{Compute, Matrix};
 use crate::mla::Mla;
 use crate::moe::Moe;
 use crate::source::Source;
+use crate::threads;
 use crate::Result;
 
 #[allow(clippy::large_enum_variant)] // one per layer, built once
@@ -149,7 +150,7 @@ impl KimiModel {
 
     fn mixer(&self, b: &Block, x: &[f32], t: usize, st: &mut LayerState, cx: Compute) -> Vec<f32> {
         let mut h = vec![0f32; x.len()];
-        ops::rmsnorm(&mut h, x, &b.norm_in, self.cfg.rms_norm_eps as f32);
+        threads::rmsnorm(&mut h, x, &b.norm_in, self.cfg.rms_norm_eps as f32, cx.threads);
         match (&b.mixer, st) {
             (Mixer::Kda(k), LayerState::Kda(s)) => k.forward(&h, t, s, cx),
             (Mixer::Mla(m), LayerState::Mla(c)) => m.forward(&h, t, c, cx),
@@ -159,7 +160,7 @@ impl KimiModel {
 
     fn ffn(&self, b: &Block, x: &[f32], t: usize, cx: Compute) -> Vec<f32> {
         let mut h = vec![0f32; x.len()];
-        ops::rmsnorm(&mut h, x, &b.norm_post, self.cfg.rms_norm_eps as f32);
+        threads::rmsnorm(&mut h, x, &b.norm_post, self.cfg.rms_norm_eps as f32, cx.threads);
         match &b.ffn {
             Ffn::Dense(m) => m.forward(&h, t, cx),
             Ffn::Moe(m) => m.forward(&h, t, cx),
@@ -217,7 +218,7 @@ impl KimiModel {
             }
         };
         let mut out = vec![0f32; h.len()];
-        ops::rmsnorm(&mut out, &h, &self.norm, eps);
+        threads::rmsnorm(&mut out, &h, &self.norm, eps, cx.threads);
         out
     }
 

@@ -8,6 +8,7 @@ use k3_kernels::{attention, ops};
 use crate::ffn::Mlp;
 use crate::linear::{Compute, Matrix};
 use crate::source::Source;
+use crate::threads;
 use crate::Result;
 
 struct Layer {
@@ -102,7 +103,7 @@ impl LlamaModel {
         }
         let mut h = vec![0f32; t * d];
         for (l, cache) in self.layers.iter().zip(state.iter_mut()) {
-            ops::rmsnorm(&mut h, &x, &l.norm_in, eps);
+            threads::rmsnorm(&mut h, &x, &l.norm_in, eps, cx.threads);
             let past = cache.k.len() / (hkv * hd);
             let mut q = l.q.apply(&h, t, cx);
             let mut k = l.k.apply(&h, t, cx);
@@ -123,11 +124,11 @@ impl LlamaModel {
             attention::gqa_attend(&mut att, &q, &cache.k, &cache.v, hq, hkv, hd, past, !cx.exact, cx.threads);
             let o = l.o.apply(&att, t, cx);
             ops::axpy(&mut x, 1.0, &o);
-            ops::rmsnorm(&mut h, &x, &l.norm_post, eps);
+            threads::rmsnorm(&mut h, &x, &l.norm_post, eps, cx.threads);
             let m = l.mlp.forward(&h, t, cx);
             ops::axpy(&mut x, 1.0, &m);
         }
-        ops::rmsnorm(&mut h, &x, &self.norm, eps);
+        threads::rmsnorm(&mut h, &x, &self.norm, eps, cx.threads);
         h
     }
 

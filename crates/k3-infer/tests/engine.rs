@@ -62,3 +62,23 @@ fn limits_are_clear_errors_and_leave_the_state_usable() {
     assert_eq!(st.pos, 0);
     model.forward(&[3; 16], &mut st, Logits::Last).expect("fits exactly");
 }
+
+#[test]
+fn threads_split_work_without_changing_results() {
+    // A prompt long enough that every row-parallel op (norms, conv, gates, GLU), the KDA chunks
+    // and the matmul bands split over threads; each output element is computed by the same
+    // arithmetic whichever thread takes it, so the logits must be identical.
+    let (mut model, _) = Model::load(&golden("tiny_k3")).expect("load");
+    let ids: Vec<u32> = (0..700).map(|i| (i * 13 + 7) % 250 + 3).collect();
+    let mut run = |threads: usize| {
+        model.compute.threads = threads;
+        let mut st = model.new_state();
+        let mut all = model.forward(&ids, &mut st, Logits::All).expect("prefill");
+        all.extend(model.forward(&[9], &mut st, Logits::Last).expect("decode"));
+        all
+    };
+    let one = run(1);
+    for threads in [2, 3] {
+        assert!(run(threads) == one, "{threads} threads changed the logits");
+    }
+}

@@ -4,8 +4,9 @@
 /// last `Kc − 1` rows of `xin` (the pre-conv inputs a decode step needs).
 ///
 /// # Shapes
-/// x, y: [T, Ch] row-major; w: [Ch, Kc]; tail: [Kc − 1, Ch] (updated in place)
-pub fn short_conv_silu(y: &mut [f32], x: &[f32], w: &[f32], tail: &mut [f32], ch: usize, kc: usize) {
+/// x, y: [T, Ch] row-major; w: [Ch, Kc]; tail: [Kc − 1, Ch] (updated in place). Output rows are
+/// independent given `xin`, so they are split over `threads`.
+pub fn short_conv_silu(y: &mut [f32], x: &[f32], w: &[f32], tail: &mut [f32], ch: usize, kc: usize, threads: usize) {
     let t = x.len() / ch;
     debug_assert_eq!(w.len(), ch * kc);
     debug_assert_eq!(tail.len(), (kc - 1) * ch);
@@ -15,17 +16,19 @@ pub fn short_conv_silu(y: &mut [f32], x: &[f32], w: &[f32], tail: &mut [f32], ch
     // Taps as [Kc, Ch] so that each output row is Kc elementwise multiply-adds over channels
     // (vectorised), summed in the same order j = 0..Kc as before.
     let wt: Vec<f32> = (0..kc).flat_map(|j| (0..ch).map(move |c| w[c * kc + j])).collect();
-    for r in 0..t {
-        let yr = &mut y[r * ch..(r + 1) * ch];
-        yr.fill(0.0);
-        for j in 0..kc {
-            let (xr, wj) = (&xin[(r + j) * ch..(r + j + 1) * ch], &wt[j * ch..(j + 1) * ch]);
-            for ((o, &a), &b) in yr.iter_mut().zip(wj).zip(xr) {
-                *o += a * b;
+    crate::threads::par_rows(&mut y[..t * ch], ch, threads, |r0, block| {
+        for (i, yr) in block.chunks_exact_mut(ch).enumerate() {
+            let r = r0 + i;
+            yr.fill(0.0);
+            for j in 0..kc {
+                let (xr, wj) = (&xin[(r + j) * ch..(r + j + 1) * ch], &wt[j * ch..(j + 1) * ch]);
+                for ((o, &a), &b) in yr.iter_mut().zip(wj).zip(xr) {
+                    *o += a * b;
+                }
             }
         }
-    }
-    crate::ops::silu_inplace(&mut y[..t * ch]);
+        crate::ops::silu_inplace(block);
+    });
     let start = t * ch; // rows t .. t + kc − 1 of xin
     tail.copy_from_slice(&xin[start..start + (kc - 1) * ch]);
 }

@@ -177,6 +177,42 @@ pub fn par_chunks<T: Send>(n: usize, threads: usize, f: impl Fn(usize, usize) ->
         .collect()
 }
 
+/// Fewest elements for which [`par_rows`] splits the work (below it the pool hand-off costs more
+/// than the loop).
+pub const PAR_ROWS_MIN: usize = 1 << 15;
+
+/// Split `buf` ([rows, width]) into contiguous row blocks and run `f(first_row, block)` on each,
+/// over `threads` pool threads; one block when the buffer is small or `threads` is 1. For the
+/// engine's row-wise elementwise work (norms, gates, activations) during prefill.
+pub fn par_rows(buf: &mut [f32], width: usize, threads: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    let rows = if width == 0 { 0 } else { buf.len() / width };
+    if threads <= 1 || buf.len() < PAR_ROWS_MIN || rows < 2 {
+        f(0, buf);
+        return;
+    }
+    let per = rows.div_ceil(threads * 2);
+    let tasks = rows.div_ceil(per);
+    let base = RawRows(buf.as_mut_ptr());
+    Pool::global().run(threads, tasks, &|i| {
+        let (lo, hi) = (i * per, ((i + 1) * per).min(rows));
+        // SAFETY: task i alone gets rows lo..hi, which lie inside `buf`, borrowed for this call.
+        let block = unsafe { std::slice::from_raw_parts_mut(base.get().add(lo * width), (hi - lo) * width) };
+        f(lo, block);
+    });
+}
+
+/// `buf`'s base pointer, shared with the tasks of one [`par_rows`] call (disjoint row blocks).
+#[derive(Clone, Copy)]
+struct RawRows(*mut f32);
+impl RawRows {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+// SAFETY: only dereferenced for disjoint row blocks inside one `Pool::run`.
+unsafe impl Send for RawRows {}
+unsafe impl Sync for RawRows {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -202,5 +238,16 @@ mod tests {
         }
         let parts = par_chunks(10, 3, |lo, hi| (lo..hi).sum::<usize>());
         assert_eq!(parts.iter().map(|p| p.2).sum::<usize>(), 45);
+        // par_rows: every row visited once, with its own index, at 1 and 3 threads.
+        for threads in [1, 3] {
+            let (rows, width) = (300, 128);
+            let mut buf = vec![0f32; rows * width];
+            par_rows(&mut buf, width, threads, |r0, block| {
+                for (i, row) in block.chunks_exact_mut(width).enumerate() {
+                    row.iter_mut().for_each(|v| *v += (r0 + i) as f32);
+                }
+            });
+            assert!(buf.chunks_exact(width).enumerate().all(|(r, row)| row.iter().all(|&v| v == r as f32)));
+        }
     }
 }
