@@ -35,8 +35,8 @@ impl Mlp {
     /// # Shapes
     /// x: [T, C] → [T, C]
     pub fn forward(&self, x: &[f32], t: usize, cx: Compute) -> Vec<f32> {
-        let mut g = self.gate.apply(x, t, cx);
-        let u = self.up.apply(x, t, cx);
+        let [mut g, u]: [Vec<f32>; 2] =
+            Matrix::apply_many(&[&self.gate, &self.up], x, t, cx).try_into().expect("two products");
         let f = self.gate.rows;
         crate::threads::par_rows(&mut g, f, cx.threads, |r0, blk| {
             glu_inplace(blk, &u[r0 * f..r0 * f + blk.len()], self.act)

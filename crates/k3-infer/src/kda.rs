@@ -93,7 +93,15 @@ impl Kda {
         let (h, kd) = (self.h, self.kd);
         let w = h * kd;
         // q | k | v projections, interleaved per token as [T, 3W] for the conv.
-        let (q, k, v) = (self.q.apply(x, t, cx), self.k.apply(x, t, cx), self.v.apply(x, t, cx));
+        // Every projection of x at once (one activation quantization, one pool job).
+        let gate_in = match &self.gate {
+            OutGate::LowRank { a, .. } => a,
+            OutGate::Full(gm) => gm,
+        };
+        let [q, k, v, fa, beta, gate_a]: [Vec<f32>; 6] =
+            Matrix::apply_many(&[&self.q, &self.k, &self.v, &self.f_a, &self.b, gate_in], x, t, cx)
+                .try_into()
+                .expect("six products");
         let mut qkv = Vec::with_capacity(t * 3 * w);
         for r in 0..t {
             qkv.extend_from_slice(&q[r * w..(r + 1) * w]);
@@ -123,7 +131,7 @@ impl Kda {
         // Forget gate g (log-space, ≤ 0) and β.
         // The libm forms only under reference arithmetic; else the inlined ones, which vectorise.
         let reference = ops::reference_arithmetic();
-        let mut g = self.f_b.apply(&self.f_a.apply(x, t, cx), t, cx); // [T, W]
+        let mut g = self.f_b.apply(&fa, t, cx); // [T, W]
         threads::par_rows(&mut g, w, cx.threads, |_, blk| {
             for row in blk.chunks_exact_mut(w) {
                 for (hh, gh) in row.chunks_exact_mut(kd).enumerate() {
@@ -143,7 +151,7 @@ impl Kda {
                 }
             }
         });
-        let mut beta = self.b.apply(x, t, cx); // [T, H]
+        let mut beta = beta; // [T, H]
         beta.iter_mut().for_each(|b| *b = ops::sigmoid(*b));
 
         let mut o = vec![0f32; t * w];
@@ -155,8 +163,8 @@ impl Kda {
 
         // Gated per-head RMSNorm: normalise first, gate second (sigmoid).
         let gate = match &self.gate {
-            OutGate::LowRank { a, b } => b.apply(&a.apply(x, t, cx), t, cx),
-            OutGate::Full(gm) => gm.apply(x, t, cx),
+            OutGate::LowRank { b, .. } => b.apply(&gate_a, t, cx),
+            OutGate::Full(_) => gate_a,
         };
         let mut normed = vec![0f32; t * w];
         threads::par_rows(&mut normed, w, cx.threads, |r0, blk| {

@@ -94,21 +94,8 @@ impl Matrix {
 
     /// The integer-kernel path: activations quantized once, row bands on the pool.
     fn matmul_packed(&self, p: &Packed, x: &[f32], t: usize, y: &mut [f32], threads: usize) {
-        let rows = self.rows;
         let acts = QActs::quantize_threads(x, t, self.cols, threads);
-        let isa = Isa::best().for_tokens(t);
-        let work = rows * self.cols * t;
-        let threads = if work < 1 << 15 { 1 } else { threads.max(1) };
-        // Bands of whole 4-row tiles, a few per thread so uneven cores still balance.
-        let tasks = if threads == 1 { 1 } else { (threads * 4).min(rows.div_ceil(4)) };
-        let per = rows.div_ceil(tasks).next_multiple_of(4).min(rows.max(1));
-        let n_tasks = rows.div_ceil(per);
-        let out = SyncPtr(y.as_mut_ptr());
-        crate::threads::Pool::global().run(threads, n_tasks, &|i| {
-            let (lo, hi) = (i * per, ((i + 1) * per).min(rows));
-            // SAFETY: y is [T, rows]; task i alone writes its columns lo..hi of every row.
-            unsafe { gemm_rows_out(isa, p, &acts, lo, hi, OutMat::token_major(out.get(), lo, rows)) };
-        });
+        packed_products(&mut [(p, y)], &acts, threads);
     }
 
     /// `Y[t, o] = Σ_i X[t, i] · W[o, i]` over `t` rows of x.
@@ -181,6 +168,62 @@ impl Matrix {
         self.matmul(x, t, &mut y, cx);
         y
     }
+
+    /// Several matrices applied to the same input (a layer's q / k / v / gate projections):
+    /// `[m.apply(x) for m in ms]`, with the activations quantized once and every matrix's row
+    /// bands in one pool job when all of them take the integer kernels; else one by one.
+    ///
+    /// # Shapes
+    /// x: [T, cols] → [T, rows_i] for each matrix i
+    pub fn apply_many(ms: &[&Matrix], x: &[f32], t: usize, cx: Compute) -> Vec<Vec<f32>> {
+        let cols = ms.first().map_or(0, |m| m.cols);
+        let packed: Option<Vec<&Packed>> = ms.iter().map(|m| m.packed.as_deref()).collect();
+        let packed = match packed {
+            Some(p) if !cx.exact && ms.iter().all(|m| m.cols == cols) => p,
+            _ => return ms.iter().map(|m| m.apply(x, t, cx)).collect(),
+        };
+        for m in ms {
+            if let Some(n) = &m.name {
+                crate::calib::record(n, x, t, cols);
+            }
+        }
+        let mut ys: Vec<Vec<f32>> = ms.iter().map(|m| vec![0f32; t * m.rows]).collect();
+        let acts = QActs::quantize_threads(x, t, cols, cx.threads);
+        let mut jobs: Vec<(&Packed, &mut [f32])> =
+            packed.into_iter().zip(ys.iter_mut().map(|y| y.as_mut_slice())).collect();
+        packed_products(&mut jobs, &acts, cx.threads);
+        ys
+    }
+}
+
+/// `y_i = W_i · acts` for packed matrices sharing one quantized input, as one pool job: each
+/// matrix cut into bands of whole 4-row tiles, a few per thread so uneven cores still balance.
+fn packed_products(jobs: &mut [(&Packed, &mut [f32])], acts: &QActs, threads: usize) {
+    let t = acts.t;
+    let isa = Isa::best().for_tokens(t);
+    let work: usize = jobs.iter().map(|(p, _)| p.rows * p.cols * t).sum();
+    let threads = if work < 1 << 15 { 1 } else { threads.max(1) };
+    // (job, lo, hi) for every band.
+    let mut bands = Vec::new();
+    for (j, (p, _)) in jobs.iter().enumerate() {
+        let rows = p.rows;
+        let share = (threads * 4 * p.rows * p.cols * t).div_ceil(work.max(1)).max(1);
+        let tasks = if threads == 1 { 1 } else { share.min(rows.div_ceil(4)) };
+        let per = rows.div_ceil(tasks).next_multiple_of(4).min(rows.max(1));
+        bands.extend((0..rows.div_ceil(per)).map(|i| (j, i * per, ((i + 1) * per).min(rows))));
+    }
+    let mut outs = Vec::with_capacity(jobs.len());
+    for (p, y) in jobs.iter_mut() {
+        assert_eq!(y.len(), t * p.rows, "output of a packed product is [T, rows]");
+        outs.push((*p, SyncPtr(y.as_mut_ptr())));
+    }
+    crate::threads::Pool::global().run(threads, bands.len(), &|i| {
+        let (j, lo, hi) = bands[i];
+        let (p, out) = outs[j];
+        // SAFETY: y_j is [T, rows_j] (checked above) and stays mutably borrowed for this call;
+        // band i alone writes its columns lo..hi of every row.
+        unsafe { gemm_rows_out(isa, p, acts, lo, hi, OutMat::token_major(out.get(), lo, p.rows)) };
+    });
 }
 
 /// How matmuls run: thread count, and whether activations stay f32 (`exact`) or are quantized
@@ -258,6 +301,35 @@ mod tests {
                     &want,
                     tol,
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn apply_many_equals_one_product_at_a_time() {
+        // One quantized input and one pool job for all: every matrix's output must be exactly
+        // what its own product gives, at every thread count, for one token and for many, and
+        // with a non-integer matrix in the group (which falls back to one at a time).
+        let mut rng = Rng::new(5);
+        let cols = 256;
+        let mk = |rng: &mut Rng, rows: usize, ty: GgmlType| {
+            let w = rng.normals(rows * cols, 0.5);
+            Matrix::new(rows, cols, ty, w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect())
+        };
+        let ms =
+            [mk(&mut rng, 300, GgmlType::Q4_0), mk(&mut rng, 8, GgmlType::Q8_0), mk(&mut rng, 130, GgmlType::Q4_1)];
+        let f16 = mk(&mut rng, 20, GgmlType::F16);
+        for t in [1, 40] {
+            let x = rng.normals(t * cols, 1.0);
+            for threads in [1, 2, 3] {
+                let cx = Compute { threads, exact: false };
+                let group: Vec<&Matrix> = ms.iter().collect();
+                let got = Matrix::apply_many(&group, &x, t, cx);
+                for (m, g) in ms.iter().zip(&got) {
+                    assert!(*g == m.apply(&x, t, cx), "T={t} x{threads}: {} rows", m.rows);
+                }
+                let mixed = Matrix::apply_many(&[&ms[0], &f16], &x, t, cx);
+                assert!(mixed[1] == f16.apply(&x, t, cx) && mixed[0] == got[0], "mixed group T={t} x{threads}");
             }
         }
     }

@@ -105,9 +105,8 @@ impl LlamaModel {
         for (l, cache) in self.layers.iter().zip(state.iter_mut()) {
             threads::rmsnorm(&mut h, &x, &l.norm_in, eps, cx.threads);
             let past = cache.k.len() / (hkv * hd);
-            let mut q = l.q.apply(&h, t, cx);
-            let mut k = l.k.apply(&h, t, cx);
-            let v = l.v.apply(&h, t, cx);
+            let [mut q, mut k, v]: [Vec<f32>; 3] =
+                Matrix::apply_many(&[&l.q, &l.k, &l.v], &h, t, cx).try_into().expect("three products");
             self.rope(&mut q, hq, past);
             self.rope(&mut k, hkv, past);
             // llama.cpp's K/V cache is f16; outside exact mode hold the same values.

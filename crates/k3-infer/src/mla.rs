@@ -101,17 +101,27 @@ impl Mla {
         let (h, dn, dr, dv, r) = (self.h, self.dn, self.dr, self.dv, self.r);
         let qk = dn + dr;
         let latent_eps = if cx.exact { LATENT_EPS } else { self.eps };
+        // The projections of x at once (one activation quantization, one pool job): q (or its
+        // LoRA down-projection), kv_a, and the output gate.
+        let q_in = match &self.q {
+            QProj::Plain(m) => m,
+            QProj::Lora { a, .. } => a,
+        };
+        let mut ms = vec![q_in, &self.kv_a];
+        ms.extend(self.gate.as_ref());
+        let mut outs = Matrix::apply_many(&ms, x, t, cx).into_iter();
+        let (q_out, mut ckv) = (outs.next().expect("q"), outs.next().expect("kv_a")); // ckv: [T, R+Dr]
+        let gate_v = outs.next();
         let q = match &self.q {
-            QProj::Plain(m) => m.apply(x, t, cx),
-            QProj::Lora { a, a_bias, norm, b } => {
-                let mut qa = a.apply(x, t, cx);
+            QProj::Plain(_) => q_out,
+            QProj::Lora { a_bias, norm, b, .. } => {
+                let mut qa = q_out;
                 add_bias(&mut qa, a_bias);
                 let mut qn = vec![0f32; qa.len()];
                 ops::rmsnorm(&mut qn, &qa, norm, latent_eps);
                 b.apply(&qn, t, cx)
             }
         }; // [T, H·(Dn+Dr)]
-        let mut ckv = self.kv_a.apply(x, t, cx); // [T, R+Dr]
         add_bias(&mut ckv, &self.kv_a_bias);
         let past = cache.len() / (r + dr);
         for row in ckv.chunks_exact(r + dr) {
@@ -207,8 +217,8 @@ impl Mla {
                 }
             }
         }
-        if let Some(g) = &self.gate {
-            let gv = g.apply(x, t, cx); // gate from the mixer input
+        if let Some(gv) = gate_v {
+            // gate from the mixer input
             for (a, b) in att.iter_mut().zip(&gv) {
                 *a *= ops::sigmoid(*b);
             }

@@ -140,8 +140,8 @@ impl Moe {
             let zr = &z[r * width..(r + 1) * width];
             for (ex, wv) in self.select(&logits[r * e..(r + 1) * e]) {
                 let expert = &self.experts[ex];
-                let mut g = expert.gate.apply(zr, 1, cx);
-                let u = expert.up.apply(zr, 1, cx);
+                let [mut g, u]: [Vec<f32>; 2] =
+                    Matrix::apply_many(&[&expert.gate, &expert.up], zr, 1, cx).try_into().expect("two products");
                 glu_inplace(&mut g, &u, self.act);
                 let y = expert.down.apply(&g, 1, cx);
                 if self.tap.is_some() {
