@@ -16,7 +16,7 @@ pub const CHUNK: usize = 64;
 /// One sequence's KDA state: the pre-conv tail and the delta-rule state.
 #[derive(Debug, Clone)]
 pub struct KdaState {
-    pub conv: Vec<f32>, // [Kc − 1, 3W]
+    pub conv: Vec<f32>, // [3 (q, k, v), Kc − 1, W]
     pub s: Vec<f32>,    // [H, K, V]
 }
 
@@ -84,7 +84,7 @@ impl Kda {
 
     pub fn new_state(&self) -> KdaState {
         let w = self.h * self.kd;
-        KdaState { conv: vec![0.0; (self.kc - 1) * 3 * w], s: vec![0.0; self.h * self.kd * self.kd] }
+        KdaState { conv: vec![0.0; 3 * (self.kc - 1) * w], s: vec![0.0; self.h * self.kd * self.kd] }
     }
 
     /// # Shapes
@@ -102,21 +102,15 @@ impl Kda {
             Matrix::apply_many(&[&self.q, &self.k, &self.v, &self.f_a, &self.b, gate_in], x, t, cx)
                 .try_into()
                 .expect("six products");
-        let mut qkv = Vec::with_capacity(t * 3 * w);
-        for r in 0..t {
-            qkv.extend_from_slice(&q[r * w..(r + 1) * w]);
-            qkv.extend_from_slice(&k[r * w..(r + 1) * w]);
-            qkv.extend_from_slice(&v[r * w..(r + 1) * w]);
-        }
-        let mut y = vec![0f32; t * 3 * w];
-        conv::short_conv_silu(&mut y, &qkv, &self.conv_w, &mut st.conv, 3 * w, self.kc, cx.threads);
-        let (mut q, mut k, mut v) = (Vec::with_capacity(t * w), Vec::with_capacity(t * w), Vec::with_capacity(t * w));
-        for r in 0..t {
-            let row = &y[r * 3 * w..(r + 1) * 3 * w];
-            q.extend_from_slice(&row[..w]);
-            k.extend_from_slice(&row[w..2 * w]);
-            v.extend_from_slice(&row[2 * w..]);
-        }
+        // The short conv per part (q, k, v), each with its own tail and its W channels' taps.
+        let hist = (self.kc - 1) * w;
+        let mut conv_part = |p: usize, x: &[f32]| {
+            let mut y = vec![0f32; t * w];
+            let taps = &self.conv_w[p * w * self.kc..(p + 1) * w * self.kc];
+            conv::short_conv_silu(&mut y, x, taps, &mut st.conv[p * hist..(p + 1) * hist], w, self.kc, cx.threads);
+            y
+        };
+        let (mut q, mut k, v) = (conv_part(0, &q), conv_part(1, &k), conv_part(2, &v));
         // transformers / fla use eps 1e-6 here, llama.cpp rms_norm_eps: follow the mode's reference.
         for m in [&mut q, &mut k] {
             threads::par_rows(m, w, cx.threads, |_, blk| {

@@ -144,7 +144,12 @@ pub fn mla_attend_block(
     });
 }
 
-/// [`gqa_attend_ref`] with the (query, head) pairs spread over `threads` pool threads.
+/// [`gqa_attend_ref`] in blocks: for each KV head and block of up to 16 queries, the rows of the
+/// heads sharing that KV head ([nq·G, D], G = Hq / Hkv) against the cache's keys in one A·Bᵀ
+/// product and the probabilities against its values in one A·B product (cache rows Hkv·D apart),
+/// tasks over (KV head, block) on `threads` pool threads. Under reference arithmetic
+/// ([`crate::ops::set_reference_arithmetic`]), one (query, head) pair at a time in the reference's
+/// summation order.
 #[allow(clippy::too_many_arguments)]
 pub fn gqa_attend(
     out: &mut [f32],
@@ -160,6 +165,64 @@ pub fn gqa_attend(
 ) {
     let t = q.len() / (hq * d);
     let threads = if (past + t) * t * hq * d < 1 << 15 { 1 } else { threads };
+    if crate::ops::reference_arithmetic() {
+        return gqa_attend_pairs(out, q, kc, vc, hq, hkv, d, past, f16_kq, threads);
+    }
+    const QB: usize = 16;
+    let group = hq / hkv;
+    let scale = 1.0 / (d as f32).sqrt();
+    let blocks = t.div_ceil(QB);
+    let o = OutPtr(out.as_mut_ptr());
+    crate::threads::Pool::global().run(threads, hkv * blocks, &|task| {
+        let (kvh, b) = (task / blocks, task % blocks);
+        let (t0, nq) = (b * QB, QB.min(t - b * QB));
+        let rows = nq * group;
+        let s = past + t0 + nq; // positions the block's last query sees
+                                // Row i·G + g: query t0 + i, head kvh·G + g (contiguous in q for one query).
+        let mut a = vec![0f32; rows * d];
+        for i in 0..nq {
+            let src = ((t0 + i) * hq + kvh * group) * d;
+            a[i * group * d..(i + 1) * group * d].copy_from_slice(&q[src..src + group * d]);
+        }
+        if f16_kq {
+            crate::simd::round_f16_inplace(&mut a);
+        }
+        let mut sc = vec![0f32; rows * s];
+        crate::simd::matmul_nt_acc(&mut sc, s, &a, d, &kc[kvh * d..], hkv * d, rows, d, s);
+        for (i, row) in sc.chunks_exact_mut(s).enumerate() {
+            let vis = past + t0 + i / group + 1; // causal
+            row[..vis].iter_mut().for_each(|x| *x *= scale);
+            crate::ops::softmax_inplace(&mut row[..vis]);
+            if f16_kq {
+                crate::simd::round_f16_inplace(&mut row[..vis]);
+            }
+            row[vis..].fill(0.0);
+        }
+        let mut ob = vec![0f32; rows * d];
+        crate::simd::matmul_acc_strided(&mut ob, d, &sc, s, &vc[kvh * d..], hkv * d, rows, s, d);
+        for i in 0..nq {
+            // SAFETY: query t0 + i's heads kvh·G.. belong to this task alone.
+            let dst = unsafe { o.slice(((t0 + i) * hq + kvh * group) * d, group * d) };
+            dst.copy_from_slice(&ob[i * group * d..(i + 1) * group * d]);
+        }
+    });
+}
+
+/// [`gqa_attend_ref`]'s arithmetic with the (query, head) pairs spread over `threads`.
+#[allow(clippy::too_many_arguments)]
+fn gqa_attend_pairs(
+    out: &mut [f32],
+    q: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+    hq: usize,
+    hkv: usize,
+    d: usize,
+    past: usize,
+    f16_kq: bool,
+    threads: usize,
+) {
+    let t = q.len() / (hq * d);
     let o = OutPtr(out.as_mut_ptr());
     crate::threads::Pool::global().run(threads, t * hq, &|i| {
         let (r, hh) = (i / hq, i % hq);
@@ -270,15 +333,26 @@ mod tests {
     fn parallel_attention_matches_the_references() {
         let mut rng = Rng::new(21);
         for f16 in [false, true] {
-            // GQA: 3 new queries after 40 cached positions, 6 query heads over 2 KV heads.
-            let (t, past, hq, hkv, d) = (3, 40, 6, 2, 16);
-            let q = rng.normals(t * hq * d, 1.0);
-            let kc = rng.normals((past + t) * hkv * d, 1.0);
-            let vc = rng.normals((past + t) * hkv * d, 1.0);
-            let (mut want, mut got) = (vec![0f32; t * hq * d], vec![0f32; t * hq * d]);
-            gqa_attend_ref(&mut want, &q, &kc, &vc, hq, hkv, d, past, f16);
-            gqa_attend(&mut got, &q, &kc, &vc, hq, hkv, d, past, f16, 2);
-            assert_close_abs("gqa", &got, &want, 1e-5);
+            // GQA: new queries after cached positions (a decode step, a few, and more than one
+            // block of 16), 6 query heads over 2 KV heads, blocked and (reference arithmetic)
+            // per pair, at 1–3 threads.
+            let (hq, hkv, d) = (6, 2, 16);
+            for (t, past) in [(1, 70), (3, 40), (37, 5)] {
+                let q = rng.normals(t * hq * d, 1.0);
+                let kc = rng.normals((past + t) * hkv * d, 1.0);
+                let vc = rng.normals((past + t) * hkv * d, 1.0);
+                let mut want = vec![0f32; t * hq * d];
+                gqa_attend_ref(&mut want, &q, &kc, &vc, hq, hkv, d, past, f16);
+                for threads in [1, 2, 3] {
+                    let mut got = vec![0f32; t * hq * d];
+                    gqa_attend(&mut got, &q, &kc, &vc, hq, hkv, d, past, f16, threads);
+                    let tol = if f16 { 2e-3 } else { 1e-5 }; // f16 rounding of p may flip on reordered sums
+                    assert_close_abs(&format!("gqa T={t} past={past} x{threads}"), &got, &want, tol);
+                    let mut pairs = vec![0f32; t * hq * d];
+                    gqa_attend_pairs(&mut pairs, &q, &kc, &vc, hq, hkv, d, past, f16, threads);
+                    assert_close_abs(&format!("gqa pairs T={t} x{threads}"), &pairs, &want, 1e-5);
+                }
+            }
             // MLA: 4 heads over 50 latent rows.
             let (h, r, dr, s) = (4, 24, 8, 50);
             let qa = rng.normals(h * r, 1.0);

@@ -5,30 +5,39 @@
 ///
 /// # Shapes
 /// x, y: [T, Ch] row-major; w: [Ch, Kc]; tail: [Kc − 1, Ch] (updated in place). Output rows are
-/// independent given `xin`, so they are split over `threads`.
+/// independent given `xin`, so they are split over `threads`; `xin` is never built, its rows are
+/// read from the tail or from x.
 pub fn short_conv_silu(y: &mut [f32], x: &[f32], w: &[f32], tail: &mut [f32], ch: usize, kc: usize, threads: usize) {
     let t = x.len() / ch;
+    let hist = kc - 1;
     debug_assert_eq!(w.len(), ch * kc);
-    debug_assert_eq!(tail.len(), (kc - 1) * ch);
-    let mut xin = Vec::with_capacity((t + kc - 1) * ch);
-    xin.extend_from_slice(tail);
-    xin.extend_from_slice(x);
+    debug_assert_eq!(tail.len(), hist * ch);
     // Taps as [Kc, Ch] so that each output row is Kc elementwise multiply-adds over channels
     // (vectorised), summed in the same order j = 0..Kc as before.
     let wt: Vec<f32> = (0..kc).flat_map(|j| (0..ch).map(move |c| w[c * kc + j])).collect();
+    let old: &[f32] = tail;
     crate::threads::par_rows(&mut y[..t * ch], ch, threads, |r0, block| {
         for (i, yr) in block.chunks_exact_mut(ch).enumerate() {
-            let r = r0 + i;
             yr.fill(0.0);
             for j in 0..kc {
-                let (xr, wj) = (&xin[(r + j) * ch..(r + j + 1) * ch], &wt[j * ch..(j + 1) * ch]);
-                for ((o, &a), &b) in yr.iter_mut().zip(wj).zip(xr) {
+                let src = xin_row(r0 + i + j, hist, ch, old, x);
+                for ((o, &a), &b) in yr.iter_mut().zip(&wt[j * ch..(j + 1) * ch]).zip(src) {
                     *o += a * b;
                 }
             }
         }
         crate::ops::silu_inplace(block);
     });
-    let start = t * ch; // rows t .. t + kc − 1 of xin
-    tail.copy_from_slice(&xin[start..start + (kc - 1) * ch]);
+    let new_tail: Vec<f32> = (t..t + hist).flat_map(|i| xin_row(i, hist, ch, old, x).to_vec()).collect();
+    tail.copy_from_slice(&new_tail);
+}
+
+/// Row `i` of `xin = [tail ; x]` (tail: `hist` rows of `ch`).
+#[inline]
+fn xin_row<'a>(i: usize, hist: usize, ch: usize, tail: &'a [f32], x: &'a [f32]) -> &'a [f32] {
+    if i < hist {
+        &tail[i * ch..(i + 1) * ch]
+    } else {
+        &x[(i - hist) * ch..(i - hist + 1) * ch]
+    }
 }

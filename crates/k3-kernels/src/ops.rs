@@ -75,7 +75,10 @@ pub fn exp_fast(x: f32) -> f32 {
     p = p * r + 1.666_666_5e-1;
     p = p * r + 0.5;
     let y = p * r * r + r + 1.0;
-    y * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    // SAFETY: n is an integer in [−126, 128] (x was clamped), so the conversion is exact; unlike
+    // `as`, it needs no saturation code and vectorises to one instruction.
+    let n = unsafe { n.to_int_unchecked::<i32>() };
+    y * f32::from_bits(((n + 127) as u32) << 23)
 }
 
 /// The reference for [`exp_fast`].
