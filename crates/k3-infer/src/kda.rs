@@ -92,7 +92,6 @@ impl Kda {
     pub fn forward(&self, x: &[f32], t: usize, st: &mut KdaState, cx: Compute) -> Vec<f32> {
         let (h, kd) = (self.h, self.kd);
         let w = h * kd;
-        // q | k | v projections, interleaved per token as [T, 3W] for the conv.
         // Every projection of x at once (one activation quantization, one pool job).
         let gate_in = match &self.gate {
             OutGate::LowRank { a, .. } => a,

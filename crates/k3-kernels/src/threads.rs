@@ -185,7 +185,7 @@ pub const PAR_ROWS_MIN: usize = 1 << 15;
 /// over `threads` pool threads; one block when the buffer is small or `threads` is 1. For the
 /// engine's row-wise elementwise work (norms, gates, activations) during prefill.
 pub fn par_rows(buf: &mut [f32], width: usize, threads: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
-    let rows = if width == 0 { 0 } else { buf.len() / width };
+    let rows = buf.len().checked_div(width).unwrap_or(0);
     if threads <= 1 || buf.len() < PAR_ROWS_MIN || rows < 2 {
         f(0, buf);
         return;
