@@ -97,7 +97,7 @@ impl Kda {
             OutGate::LowRank { a, .. } => a,
             OutGate::Full(gm) => gm,
         };
-        let [q, k, v, fa, beta, gate_a]: [Vec<f32>; 6] =
+        let [q, k, v, fa, mut beta, gate_a]: [Vec<f32>; 6] =
             Matrix::apply_many(&[&self.q, &self.k, &self.v, &self.f_a, &self.b, gate_in], x, t, cx)
                 .try_into()
                 .expect("six products");
@@ -134,9 +134,7 @@ impl Kda {
                         (KdaDecay::Softplus, false) => {
                             pairs.for_each(|(gv, &bv)| *gv = -a * ops::softplus_fast(*gv + bv))
                         }
-                        (KdaDecay::Softplus, true) => {
-                            pairs.for_each(|(gv, &bv)| *gv = -a * ops::softplus_ref(*gv + bv))
-                        }
+                        (KdaDecay::Softplus, true) => pairs.for_each(|(gv, &bv)| *gv = -a * ops::softplus(*gv + bv)),
                         (KdaDecay::LowerBound(lb), _) => {
                             pairs.for_each(|(gv, &bv)| *gv = lb * ops::sigmoid(a * (*gv + bv)))
                         }
@@ -144,7 +142,6 @@ impl Kda {
                 }
             }
         });
-        let mut beta = beta; // [T, H]
         beta.iter_mut().for_each(|b| *b = ops::sigmoid(*b));
 
         let mut o = vec![0f32; t * w];

@@ -9,6 +9,7 @@ use k3_kernels::qgemm::{gemm_rows_out, Isa, OutMat, Packed, QActs};
 use k3_kernels::quant::GgmlType;
 
 use crate::threads::par_chunks;
+use k3_kernels::threads::SendPtr;
 
 #[derive(Debug, Clone)]
 pub struct Matrix {
@@ -215,7 +216,7 @@ fn packed_products(jobs: &mut [(&Packed, &mut [f32])], acts: &QActs, threads: us
     let mut outs = Vec::with_capacity(jobs.len());
     for (p, y) in jobs.iter_mut() {
         assert_eq!(y.len(), t * p.rows, "output of a packed product is [T, rows]");
-        outs.push((*p, SyncPtr(y.as_mut_ptr())));
+        outs.push((*p, SendPtr(y.as_mut_ptr())));
     }
     crate::threads::Pool::global().run(threads, bands.len(), &|i| {
         let (j, lo, hi) = bands[i];
@@ -244,18 +245,6 @@ impl Compute {
     /// Single-threaded, same activation mode.
     pub fn single(self) -> Self {
         Self { threads: 1, ..self }
-    }
-}
-
-/// A raw output pointer shared by tasks that write disjoint elements.
-#[derive(Clone, Copy)]
-struct SyncPtr(*mut f32);
-// SAFETY: only used for disjoint writes inside one `Pool::run`, which outlives no borrow.
-unsafe impl Send for SyncPtr {}
-unsafe impl Sync for SyncPtr {}
-impl SyncPtr {
-    fn get(self) -> *mut f32 {
-        self.0
     }
 }
 

@@ -177,8 +177,9 @@ pub fn gqa_attend(
         let (kvh, b) = (task / blocks, task % blocks);
         let (t0, nq) = (b * QB, QB.min(t - b * QB));
         let rows = nq * group;
-        let s = past + t0 + nq; // positions the block's last query sees
-                                // Row i·G + g: query t0 + i, head kvh·G + g (contiguous in q for one query).
+        // s: positions the block's last query sees. Row i·G + g of `a`: query t0 + i, head
+        // kvh·G + g (contiguous in q for one query).
+        let s = past + t0 + nq;
         let mut a = vec![0f32; rows * d];
         for i in 0..nq {
             let src = ((t0 + i) * hq + kvh * group) * d;

@@ -192,7 +192,7 @@ pub fn par_rows(buf: &mut [f32], width: usize, threads: usize, f: impl Fn(usize,
     }
     let per = rows.div_ceil(threads * 2);
     let tasks = rows.div_ceil(per);
-    let base = RawRows(buf.as_mut_ptr());
+    let base = SendPtr(buf.as_mut_ptr());
     Pool::global().run(threads, tasks, &|i| {
         let (lo, hi) = (i * per, ((i + 1) * per).min(rows));
         // SAFETY: task i alone gets rows lo..hi, which lie inside `buf`, borrowed for this call.
@@ -201,17 +201,18 @@ pub fn par_rows(buf: &mut [f32], width: usize, threads: usize, f: impl Fn(usize,
     });
 }
 
-/// `buf`'s base pointer, shared with the tasks of one [`par_rows`] call (disjoint row blocks).
+/// A raw pointer shared with the tasks of one `Pool::run`, each of which writes only its own,
+/// disjoint elements (row blocks, output columns).
 #[derive(Clone, Copy)]
-struct RawRows(*mut f32);
-impl RawRows {
-    fn get(self) -> *mut f32 {
+pub struct SendPtr<T>(pub *mut T);
+impl<T> SendPtr<T> {
+    pub fn get(self) -> *mut T {
         self.0
     }
 }
-// SAFETY: only dereferenced for disjoint row blocks inside one `Pool::run`.
-unsafe impl Send for RawRows {}
-unsafe impl Sync for RawRows {}
+// SAFETY: users dereference it only for disjoint elements inside one `Pool::run`.
+unsafe impl<T: Send> Send for SendPtr<T> {}
+unsafe impl<T: Send> Sync for SendPtr<T> {}
 
 #[cfg(test)]
 mod tests {

@@ -28,6 +28,7 @@ mod x86;
 use std::sync::OnceLock;
 
 use crate::quant::GgmlType;
+use crate::threads::SendPtr;
 
 pub const BLOCK: usize = 32;
 
@@ -291,17 +292,6 @@ fn round_even_small(x: f32) -> f32 {
     (x + MAGIC) - MAGIC
 }
 
-/// A raw row pointer shared with pool tasks that write disjoint rows.
-#[derive(Clone, Copy)]
-struct RowPtr(*mut u8);
-impl RowPtr {
-    fn get(self) -> *mut u8 {
-        self.0
-    }
-}
-unsafe impl Send for RowPtr {}
-unsafe impl Sync for RowPtr {}
-
 /// One activation row of nb blocks: ggml's x86 quantizer (id = 127/amax, round half to even),
 /// d rounded to f16, s = d·Σq exact and rounded to f16.
 fn quantize_row(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32], s16: &mut [f32]) {
@@ -356,8 +346,8 @@ impl QActs {
             s: vec![0.0; tp * nbp],
             s16: vec![0.0; tp * nbp],
         };
-        let ptrs = (RowPtr(a.qs.as_mut_ptr() as *mut u8), RowPtr(a.d.as_mut_ptr() as *mut u8));
-        let ptrs2 = (RowPtr(a.s.as_mut_ptr() as *mut u8), RowPtr(a.s16.as_mut_ptr() as *mut u8));
+        let ptrs = (SendPtr(a.qs.as_mut_ptr() as *mut u8), SendPtr(a.d.as_mut_ptr() as *mut u8));
+        let ptrs2 = (SendPtr(a.s.as_mut_ptr() as *mut u8), SendPtr(a.s16.as_mut_ptr() as *mut u8));
         let threads = if t * cols < 1 << 16 { 1 } else { threads };
         let per = t.div_ceil(threads.max(1) * 4).max(1);
         crate::threads::Pool::global().run(threads, t.div_ceil(per), &|i| {
