@@ -78,25 +78,24 @@ fn peak_rss_mib() -> f64 {
         .map_or(f64::NAN, |kb| kb / 1024.0)
 }
 
-/// Read bandwidth (GB/s) of `threads` threads streaming a 512 MiB buffer, the median of 5.
+/// Read bandwidth (GB/s) of `threads` threads streaming a 512 MiB buffer, the median of 5:
+/// the wide, prefetching read loop (`simd::xor_fold`), or the plain one when that is faster.
 pub fn bandwidth_gbs(threads: usize) -> f64 {
     let n: usize = (512 << 20) >> 3; // u64 words
     let buf: Vec<u64> = (0..n as u64).collect();
     let per = n.div_ceil(threads);
-    let mut rates = Vec::new();
-    for _ in 0..5 {
-        let t0 = Instant::now();
-        let sums = k3_infer::threads::par_chunks(threads, threads, |lo, hi| {
-            let mut s = 0u64;
-            for c in buf[lo * per..(hi * per).min(n)].chunks(8) {
-                s = s.wrapping_add(c.iter().fold(0u64, |a, &b| a ^ b));
-            }
-            s
-        });
-        std::hint::black_box(sums);
-        rates.push((n * 8) as f64 / t0.elapsed().as_secs_f64() / 1e9);
-    }
-    median(rates)
+    let rate = |fold: fn(&[u64]) -> u64| {
+        let mut rates = Vec::new();
+        for _ in 0..5 {
+            let t0 = Instant::now();
+            let sums =
+                k3_infer::threads::par_chunks(threads, threads, |lo, hi| fold(&buf[lo * per..(hi * per).min(n)]));
+            std::hint::black_box(sums);
+            rates.push((n * 8) as f64 / t0.elapsed().as_secs_f64() / 1e9);
+        }
+        median(rates)
+    };
+    rate(k3_kernels::simd::xor_fold).max(rate(k3_kernels::simd::xor_fold_ref))
 }
 
 /// Weight bytes one decoded token reads: every tensor except the embedding table (one row) and,

@@ -62,6 +62,10 @@ enum Cmd {
         /// Override the preset's vocabulary size (e.g. to match a tokenizer).
         #[arg(long)]
         vocab: Option<usize>,
+        /// Start the embedding and LM head from this teacher's (a GGUF or checkpoint with the
+        /// same vocabulary), projected onto their top principal directions.
+        #[arg(long)]
+        embed_from: Option<PathBuf>,
     },
     /// Run a forward pass on token ids and write `logits` [T, vocab] (f32) to a safetensors file.
     Logits {
@@ -282,7 +286,9 @@ fn run() -> Result<()> {
             Ok(())
         }
         #[cfg(feature = "train")]
-        Cmd::Init { preset, out, seed, vocab } => torch_cmds::init(&preset, &out, seed, vocab),
+        Cmd::Init { preset, out, seed, vocab, embed_from } => {
+            torch_cmds::init(&preset, &out, seed, vocab, embed_from.as_deref())
+        }
         Cmd::Logits { model, ids, out, engine, threads, exact } if engine == "native" => {
             native::logits(&model, &parse_ids(&ids)?, &out, threads.unwrap_or(1), exact)
         }

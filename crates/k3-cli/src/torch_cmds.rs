@@ -8,15 +8,48 @@ use k3_format::safetensors_io::{write_safetensors, OwnedData};
 use k3_train::Model;
 use tch::{Device, Kind, Tensor};
 
-pub fn init(preset: &str, out: &Path, seed: i64, vocab: Option<usize>) -> Result<()> {
+pub fn init(preset: &str, out: &Path, seed: i64, vocab: Option<usize>, embed_from: Option<&Path>) -> Result<()> {
     let cfg = k3_config::presets::preset(preset, vocab)?;
     let model = Model::init(&cfg, seed, Device::Cpu)?;
+    if let Some(teacher) = embed_from {
+        inherit_from(&model, teacher).with_context(|| format!("--embed-from {}", teacher.display()))?;
+    }
     model.save(out).with_context(|| format!("writing the checkpoint to {}", out.display()))?;
     let profile = match &cfg {
         k3_config::ModelConfig::Kimi(c) => c.profile().name(),
         k3_config::ModelConfig::Llama(_) => "llama",
     };
     println!("wrote {} ({} profile, {} parameters, seed {seed})", out.display(), profile, model.num_params());
+    Ok(())
+}
+
+/// The teacher's embedding and head, projected into `model` (k3_train::inherit).
+fn inherit_from(model: &Model, teacher: &Path) -> Result<()> {
+    let (src, warnings) = k3_infer::source::Source::open(teacher)?;
+    for w in warnings {
+        eprintln!("warning: {w}");
+    }
+    let tc = src.config();
+    let (v, width) = (tc.vocab_size(), tc.hidden_size());
+    if v != model.config.vocab_size() {
+        bail!(
+            "the teacher's vocabulary has {v} tokens, the student's {}: initialise with --vocab {v} (and train on data \
+             built with the teacher's tokenizer)",
+            model.config.vocab_size()
+        );
+    }
+    let embed = src.vector("model.embed_tokens.weight", v * width)?;
+    let tied = matches!(tc, k3_config::ModelConfig::Llama(c) if c.tie_word_embeddings);
+    let head = if tied { embed.clone() } else { src.vector("lm_head.weight", v * width)? };
+    let r = k3_train::inherit::inherit_embeddings(model, &embed, &head, width)?;
+    println!(
+        "embedding and head from {} (width {width} -> {}): {:.1}% of the embedding's energy kept; rms {:.4} / {:.4}",
+        teacher.display(),
+        model.config.hidden_size(),
+        100.0 * r.energy_kept,
+        r.embed_rms,
+        r.head_rms
+    );
     Ok(())
 }
 

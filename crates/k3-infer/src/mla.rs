@@ -4,7 +4,8 @@
 //! K3 output gate. Dims: T new tokens, S cached, C hidden, H heads, Dn/Dr/Dv, R = kv_lora_rank.
 
 use k3_config::MlaConfig;
-use k3_kernels::{attention, ops};
+use k3_kernels::threads::par_rows;
+use k3_kernels::{attention, ops, simd};
 
 use crate::linear::{Compute, Matrix};
 use crate::source::Source;
@@ -25,6 +26,10 @@ pub struct Mla {
     kv_norm: Vec<f32>,
     k_b: Vec<Matrix>, // per head [R, Dn]: W_ukᵀ
     v_b: Vec<Matrix>, // per head [Dv, R]: W_uv
+    /// f32 copies for decompressing the cache in long prefills: [H, Dn, R] (W_uk per head) and
+    /// [H, R, Dv] (W_uvᵀ per head).
+    k_up: Vec<f32>,
+    v_up: Vec<f32>,
     o: Matrix,
     o_bias: Option<Vec<f32>>,
     gate: Option<Matrix>,
@@ -35,6 +40,20 @@ pub struct Mla {
     r: usize,
     /// rms_norm_eps, which llama.cpp uses for the latent norms too.
     eps: f32,
+}
+
+/// Whether the fast path runs a prefill of `t` tokens after `past` over decompressed keys and
+/// values rather than in latent space: when it takes fewer multiply-adds. Per visible (query,
+/// key, head) the latent form costs 2R + Dr and the decompressed one (Dn + Dr) + Dv, which first
+/// costs R·(Dn + Dv) per cached position and head.
+pub fn prefill_expands(cfg: &MlaConfig, t: usize, past: usize) -> bool {
+    expansion_pays([cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.qk_nope_head_dim, cfg.v_head_dim], t, past)
+}
+
+fn expansion_pays([r, dr, dn, dv]: [usize; 4], t: usize, past: usize) -> bool {
+    let pairs = t * past + t * (t + 1) / 2;
+    let saved = (2 * r + dr).saturating_sub(dn + dr + dv);
+    t > 1 && pairs * saved > (past + t) * r * (dn + dv)
 }
 
 fn add_bias(y: &mut [f32], b: &Option<Vec<f32>>) {
@@ -67,7 +86,26 @@ impl Mla {
         };
         let (r, dr) = (cfg.kv_lora_rank, cfg.qk_rope_head_dim);
         let (k_b, v_b) = src.mla_absorbed(i, h, r, cfg.qk_nope_head_dim, cfg.v_head_dim)?;
+        let (dn, dv) = (cfg.qk_nope_head_dim, cfg.v_head_dim);
+        let (mut k_up, mut v_up) = (vec![0f32; h * dn * r], vec![0f32; h * r * dv]);
+        let mut w = vec![0f32; dn.max(r)];
+        for hh in 0..h {
+            for c in 0..r {
+                k_b.row_into(hh * r + c, &mut w[..dn]); // row h·R + c of k_b: head h's W_ukᵀ row c
+                for (d, &x) in w[..dn].iter().enumerate() {
+                    k_up[(hh * dn + d) * r + c] = x;
+                }
+            }
+            for o in 0..dv {
+                v_b.row_into(hh * dv + o, &mut w[..r]);
+                for (c, &x) in w[..r].iter().enumerate() {
+                    v_up[(hh * r + c) * dv + o] = x;
+                }
+            }
+        }
         Ok(Self {
+            k_up,
+            v_up,
             q,
             kv_a: src.matrix(&format!("{p}.kv_a_proj_with_mqa.weight"), r + dr, hidden)?,
             kv_a_bias: bias("kv_a_proj_with_mqa", r + dr)?,
@@ -88,6 +126,10 @@ impl Mla {
             r,
             eps: eps as f32,
         })
+    }
+
+    fn expands(&self, t: usize, past: usize) -> bool {
+        expansion_pays([self.r, self.dr, self.dn, self.dv], t, past)
     }
 
     /// Values cached per token (R + Dr).
@@ -161,6 +203,40 @@ impl Mla {
                     );
                 }
             }
+        } else if self.expands(t, past) {
+            // Long prefill: keys and values per head from the latent cache, then ordinary
+            // attention with Dn + Dr-wide keys and Dv-wide values (fewer products per query-key
+            // pair than in latent space, once the prompt is long enough to repay the expansion).
+            let s = past + t;
+            let w = r + dr;
+            // The cache transposed, [R + Dr, S]: keys come out per head as columns, [Dn + Dr, S]
+            // (k_nope = W_uk c, then k_r shared by every head), so scores are a plain A·B product.
+            let mut ct = vec![0f32; w * s];
+            for (j, row) in cache[..s * w].chunks_exact(w).enumerate() {
+                for (c, &x) in row.iter().enumerate() {
+                    ct[c * s + j] = x;
+                }
+            }
+            let mut kt = vec![0f32; h * qk * s]; // [H, Dn + Dr, S]
+            par_rows(&mut kt, qk * s, cx.threads, |h0, block| {
+                for (i, kh) in block.chunks_exact_mut(qk * s).enumerate() {
+                    let wk = &self.k_up[(h0 + i) * dn * r..(h0 + i + 1) * dn * r];
+                    simd::matmul_acc_strided(kh, s, wk, r, &ct, s, dn, r, s);
+                    kh[dn * s..].copy_from_slice(&ct[r * s..]);
+                }
+            });
+            let vw = h * dv;
+            let mut vc = vec![0f32; s * vw]; // [S, H, Dv]
+            par_rows(&mut vc, vw, cx.threads, |s0, band| {
+                let rows = band.len() / vw;
+                for hh in 0..h {
+                    let wv = &self.v_up[hh * r * dv..(hh + 1) * r * dv];
+                    simd::matmul_acc_strided(&mut band[hh * dv..], vw, &cache[s0 * w..], w, wv, dv, rows, r, dv);
+                }
+            });
+            let heads = attention::Heads { hq: h, hkv: h, dk: qk, dv };
+            let keys = attention::Keys::Columns { data: &kt, n: s };
+            attention::attend_blocked(&mut att, &q, keys, &vc, heads, past, false, cx.threads);
         } else {
             // q̃ = W_ukᵀ q_nope for every token of a head at once: [T, Dn] · k_bᵀ → [T, R].
             let mut qabs = vec![0f32; t * h * r]; // [T, H, R]

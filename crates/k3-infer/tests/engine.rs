@@ -82,3 +82,28 @@ fn threads_split_work_without_changing_results() {
         assert!(run(threads) == one, "{threads} threads changed the logits");
     }
 }
+
+#[test]
+fn long_prefill_over_decompressed_mla_matches_the_reference() {
+    // A prompt long enough that MLA's fast prefill expands keys and values from the latent cache
+    // (a short one stays in latent space); its logits stay within f16-cache rounding of the
+    // exact path, which attends one query at a time in latent space. Then a decode step and a
+    // second long chunk after cached positions.
+    let (mut model, _) = Model::load(&golden("tiny_k3")).expect("load");
+    let k3_config::ModelConfig::Kimi(cfg) = model.config.clone() else { panic!("tiny_k3 is a Kimi model") };
+    let ids: Vec<u32> = (0..300).map(|i| (i * 13 + 7) % 250 + 3).collect();
+    assert!(k3_infer::mla::prefill_expands(&cfg.mla, 300, 0) && k3_infer::mla::prefill_expands(&cfg.mla, 300, 301));
+    assert!(!k3_infer::mla::prefill_expands(&cfg.mla, 8, 0) && !k3_infer::mla::prefill_expands(&cfg.mla, 1, 300));
+    let mut run = |exact: bool| {
+        model.compute.exact = exact;
+        let mut st = model.new_state();
+        let mut all = model.forward(&ids, &mut st, Logits::All).expect("prefill");
+        all.extend(model.forward(&[9], &mut st, Logits::Last).expect("decode"));
+        all.extend(model.forward(&ids, &mut st, Logits::All).expect("second chunk"));
+        all
+    };
+    let (exact, fast) = (run(true), run(false));
+    let worst = exact.iter().zip(&fast).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    let scale = exact.iter().map(|a| a.abs()).fold(0f32, f32::max);
+    assert!(worst <= 2e-3 * scale.max(1.0), "fast prefill differs from the reference by {worst} (logit scale {scale})");
+}

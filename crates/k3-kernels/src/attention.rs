@@ -130,8 +130,7 @@ pub fn mla_attend_block(
         for i in r0..r1 {
             let row = &mut sc[(i - r0) * s..(i - r0 + 1) * s];
             let vis = p0 + i / h + 1; // causal
-            row[..vis].iter_mut().for_each(|x| *x *= scale);
-            crate::ops::softmax_inplace(&mut row[..vis]);
+            crate::ops::softmax_scaled_fast(&mut row[..vis], scale);
             if f16_kq {
                 crate::simd::round_f16_inplace(&mut row[..vis]);
             }
@@ -144,10 +143,7 @@ pub fn mla_attend_block(
     });
 }
 
-/// [`gqa_attend_ref`] in blocks: for each KV head and block of up to 16 queries, the rows of the
-/// heads sharing that KV head ([nq·G, D], G = Hq / Hkv) against the cache's keys in one A·Bᵀ
-/// product and the probabilities against its values in one A·B product (cache rows Hkv·D apart),
-/// tasks over (KV head, block) on `threads` pool threads. Under reference arithmetic
+/// [`gqa_attend_ref`] in blocks (see [`attend_blocked`]); under reference arithmetic
 /// ([`crate::ops::set_reference_arithmetic`]), one (query, head) pair at a time in the reference's
 /// summation order.
 #[allow(clippy::too_many_arguments)]
@@ -163,48 +159,113 @@ pub fn gqa_attend(
     f16_kq: bool,
     threads: usize,
 ) {
-    let t = q.len() / (hq * d);
-    let threads = if (past + t) * t * hq * d < 1 << 15 { 1 } else { threads };
     if crate::ops::reference_arithmetic() {
+        let t = q.len() / (hq * d);
+        let threads = if (past + t) * t * hq * d < 1 << 15 { 1 } else { threads };
         return gqa_attend_pairs(out, q, kc, vc, hq, hkv, d, past, f16_kq, threads);
     }
-    const QB: usize = 16;
+    attend_blocked(out, q, Keys::Rows(kc), vc, Heads { hq, hkv, dk: d, dv: d }, past, f16_kq, threads)
+}
+
+/// The keys of [`attend_blocked`]: cache rows [S, Hkv, dk] (GQA's cache), or per head a [dk, n]
+/// block whose column j is position j's key (`n` ≥ S; what MLA's prefill expands the latent
+/// cache into), so the scores are a plain A·B product.
+#[derive(Debug, Clone, Copy)]
+pub enum Keys<'a> {
+    Rows(&'a [f32]),
+    Columns { data: &'a [f32], n: usize },
+}
+
+/// Head counts and widths of a causal attention: `hq` query heads sharing `hkv` key/value heads
+/// (G = hq / hkv per group), keys `dk` wide (scores scaled by 1/√dk), values `dv` wide.
+#[derive(Debug, Clone, Copy)]
+pub struct Heads {
+    pub hq: usize,
+    pub hkv: usize,
+    pub dk: usize,
+    pub dv: usize,
+}
+
+/// Causal attention in blocks: for each KV head and block of up to 16 queries, the rows of the
+/// heads sharing that KV head ([nq·G, dk]) against the cache's keys in one A·Bᵀ product and the
+/// probabilities against its values in one A·B product, tasks over (KV head, block) on `threads`
+/// pool threads. GQA for Llama (dk = dv) and MLA's prefill over decompressed keys and values
+/// (dk = Dn + Dr, dv = Dv). The same arithmetic as [`gqa_attend_ref`] per row, up to the order
+/// of the sums.
+///
+/// # Shapes
+/// q: [T, Hq, dk]; keys: see [`Keys`]; vc: [S, Hkv, dv]; out: [T, Hq, dv]; S ≥ past + T
+#[allow(clippy::too_many_arguments)]
+pub fn attend_blocked(
+    out: &mut [f32],
+    q: &[f32],
+    keys: Keys,
+    vc: &[f32],
+    heads: Heads,
+    past: usize,
+    f16_kq: bool,
+    threads: usize,
+) {
+    let Heads { hq, hkv, dk, dv } = heads;
+    let t = q.len() / (hq * dk);
+    let keys_fit = match keys {
+        Keys::Rows(kc) => kc.len() >= (past + t) * hkv * dk,
+        Keys::Columns { data, n } => n >= past + t && data.len() >= hkv * dk * n,
+    };
+    assert!(
+        keys_fit && vc.len() >= (past + t) * hkv * dv && out.len() >= t * hq * dv,
+        "attend_blocked: cache or output too short"
+    );
+    let threads = if (past + t) * t * hq * dk < 1 << 15 { 1 } else { threads };
     let group = hq / hkv;
-    let scale = 1.0 / (d as f32).sqrt();
-    let blocks = t.div_ceil(QB);
+    // Queries per block: about 128 rows against each pass over the cache (the keys and values
+    // are re-read once per block).
+    let qb = (128 / group).clamp(16, 128);
+    let scale = 1.0 / (dk as f32).sqrt();
+    let blocks = t.div_ceil(qb);
     let o = OutPtr(out.as_mut_ptr());
     crate::threads::Pool::global().run(threads, hkv * blocks, &|task| {
         let (kvh, b) = (task / blocks, task % blocks);
-        let (t0, nq) = (b * QB, QB.min(t - b * QB));
+        let (t0, nq) = (b * qb, qb.min(t - b * qb));
         let rows = nq * group;
         // s: positions the block's last query sees. Row i·G + g of `a`: query t0 + i, head
         // kvh·G + g (contiguous in q for one query).
         let s = past + t0 + nq;
-        let mut a = vec![0f32; rows * d];
+        let mut a = vec![0f32; rows * dk];
         for i in 0..nq {
-            let src = ((t0 + i) * hq + kvh * group) * d;
-            a[i * group * d..(i + 1) * group * d].copy_from_slice(&q[src..src + group * d]);
+            let src = ((t0 + i) * hq + kvh * group) * dk;
+            a[i * group * dk..(i + 1) * group * dk].copy_from_slice(&q[src..src + group * dk]);
         }
         if f16_kq {
             crate::simd::round_f16_inplace(&mut a);
         }
         let mut sc = vec![0f32; rows * s];
-        crate::simd::matmul_nt_acc(&mut sc, s, &a, d, &kc[kvh * d..], hkv * d, rows, d, s);
+        match keys {
+            Keys::Rows(kc) => crate::simd::matmul_nt_acc(&mut sc, s, &a, dk, &kc[kvh * dk..], hkv * dk, rows, dk, s),
+            Keys::Columns { data, n } => {
+                // In column blocks whose keys stay in L2 while every row of `a` passes.
+                const KB: usize = 512;
+                let kt = &data[kvh * dk * n..];
+                for j0 in (0..s).step_by(KB) {
+                    let nb = KB.min(s - j0);
+                    crate::simd::matmul_acc_strided(&mut sc[j0..], s, &a, dk, &kt[j0..], n, rows, dk, nb);
+                }
+            }
+        }
         for (i, row) in sc.chunks_exact_mut(s).enumerate() {
             let vis = past + t0 + i / group + 1; // causal
-            row[..vis].iter_mut().for_each(|x| *x *= scale);
-            crate::ops::softmax_inplace(&mut row[..vis]);
+            crate::ops::softmax_scaled_fast(&mut row[..vis], scale);
             if f16_kq {
                 crate::simd::round_f16_inplace(&mut row[..vis]);
             }
             row[vis..].fill(0.0);
         }
-        let mut ob = vec![0f32; rows * d];
-        crate::simd::matmul_acc_strided(&mut ob, d, &sc, s, &vc[kvh * d..], hkv * d, rows, s, d);
+        let mut ob = vec![0f32; rows * dv];
+        crate::simd::matmul_acc_strided(&mut ob, dv, &sc, s, &vc[kvh * dv..], hkv * dv, rows, s, dv);
         for i in 0..nq {
             // SAFETY: query t0 + i's heads kvh·G.. belong to this task alone.
-            let dst = unsafe { o.slice(((t0 + i) * hq + kvh * group) * d, group * d) };
-            dst.copy_from_slice(&ob[i * group * d..(i + 1) * group * d]);
+            let dst = unsafe { o.slice(((t0 + i) * hq + kvh * group) * dv, group * dv) };
+            dst.copy_from_slice(&ob[i * group * dv..(i + 1) * group * dv]);
         }
     });
 }
@@ -352,6 +413,39 @@ mod tests {
                     let mut pairs = vec![0f32; t * hq * d];
                     gqa_attend_pairs(&mut pairs, &q, &kc, &vc, hq, hkv, d, past, f16, threads);
                     assert_close_abs(&format!("gqa pairs T={t} x{threads}"), &pairs, &want, 1e-5);
+                }
+            }
+            // Keys wider than values (MLA prefill over decompressed heads): the reference with
+            // the values zero-padded to the keys' width, its first dv columns.
+            let (hq, hkv, dk, dv) = (4, 4, 24, 16);
+            for (t, past) in [(1, 30), (37, 5), (20, 600)] {
+                let q = rng.normals(t * hq * dk, 1.0);
+                let kc = rng.normals((past + t) * hkv * dk, 1.0);
+                let vc = rng.normals((past + t) * hkv * dv, 1.0);
+                let mut padded = vec![0f32; (past + t) * hkv * dk];
+                for (row, v) in padded.chunks_exact_mut(dk).zip(vc.chunks_exact(dv)) {
+                    row[..dv].copy_from_slice(v);
+                }
+                let mut wide = vec![0f32; t * hq * dk];
+                gqa_attend_ref(&mut wide, &q, &kc, &padded, hq, hkv, dk, past, f16);
+                let want: Vec<f32> = wide.chunks_exact(dk).flat_map(|r| r[..dv].to_vec()).collect();
+                // The same keys as per-head column blocks, two spare columns wide.
+                let n = past + t + 2;
+                let mut kt = vec![0f32; hkv * dk * n];
+                for j in 0..past + t {
+                    for kvh in 0..hkv {
+                        for c in 0..dk {
+                            kt[(kvh * dk + c) * n + j] = kc[(j * hkv + kvh) * dk + c];
+                        }
+                    }
+                }
+                for threads in [1, 3] {
+                    for (name, keys) in [("rows", Keys::Rows(&kc)), ("columns", Keys::Columns { data: &kt, n })] {
+                        let mut got = vec![0f32; t * hq * dv];
+                        attend_blocked(&mut got, &q, keys, &vc, Heads { hq, hkv, dk, dv }, past, f16, threads);
+                        let tol = if f16 { 2e-3 } else { 1e-5 };
+                        assert_close_abs(&format!("{name} dk {dk} dv {dv} T={t} x{threads}"), &got, &want, tol);
+                    }
                 }
             }
             // MLA: 4 heads over 50 latent rows.

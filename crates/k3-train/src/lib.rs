@@ -4,7 +4,7 @@
 //! One file per component, mirroring the pure-Rust engine: [`kda_ops`] (the delta-rule core in
 //! recurrent, chunked and step form), [`kda`], [`mla`], [`ffn`], [`moe`], [`residual`] (AttnRes),
 //! [`kimi`] (the hybrid stack), [`llama`] (the baseline Transformer), [`model`] (construction,
-//! checkpoints, forward).
+//! checkpoints, forward), [`inherit`] (a student's embedding and head from its teacher's).
 
 // `a = a * b` is not `a *= b` for tch tensors: the latter is an in-place op that would overwrite
 // a tensor autograd still needs (e.g. a caller's initial state). Keep the out-of-place form.
@@ -12,6 +12,7 @@
 
 pub mod distill;
 pub mod ffn;
+pub mod inherit;
 pub mod kda;
 pub mod kda_ops;
 pub mod kimi;

@@ -1,0 +1,123 @@
+//! Weight inheritance: a student that shares the teacher's tokenizer starts with the teacher's
+//! token embedding and LM head, narrowed to the student's width by projecting every row onto the
+//! embedding's top principal directions (the width pruning of Minitron, applied to the
+//! embedding alone; the body starts fresh). With a 49K vocabulary most of a 15–25M-parameter
+//! student is its embedding and head, so this is where most of what it must learn sits.
+//!
+//! E: [V, D] the teacher's embedding, H: [V, D] its head (E again when tied). With Σ = EᵀE and
+//! P: [D, d] its top-d eigenvectors, the student gets E P and H P. Scores then factor through
+//! the same subspace: (h P)(H P)ᵀ = h P Pᵀ Hᵀ, the teacher's logits with h restricted to P.
+
+use tch::{Kind, Tensor};
+
+use crate::model::Model;
+use crate::nn::set_param;
+use crate::{Error, Result};
+
+/// What [`inherit_embeddings`] did.
+#[derive(Debug, Clone)]
+pub struct Inherited {
+    /// Share of the teacher embedding's energy (Σ's trace) the kept directions hold.
+    pub energy_kept: f64,
+    /// Root-mean-square of the student's new embedding entries.
+    pub embed_rms: f64,
+    /// Root-mean-square of the student's new head entries.
+    pub head_rms: f64,
+}
+
+/// The top-`d` principal directions of `e` ([V, D], uncentred): P [D, d], columns by decreasing
+/// eigenvalue, and the share of the trace they hold.
+pub fn principal_directions(e: &Tensor, d: i64) -> (Tensor, f64) {
+    let e = e.to_kind(Kind::Double);
+    let sigma = e.transpose(0, 1).matmul(&e); // [D, D]
+    let (vals, vecs) = sigma.linalg_eigh("L"); // ascending
+    let n = vals.size()[0];
+    let top = vecs.narrow(1, n - d, d).flip([1]); // [D, d], largest first
+    let kept = vals.narrow(0, n - d, d).sum(Kind::Double).double_value(&[]);
+    let total = vals.sum(Kind::Double).double_value(&[]);
+    (top, kept / total.max(f64::MIN_POSITIVE))
+}
+
+/// Overwrite `model`'s embedding and LM head with the teacher's `embed` and `head` (both [V, D]
+/// row-major f32; pass the embedding twice for a tied teacher) projected to the model's width.
+pub fn inherit_embeddings(model: &Model, embed: &[f32], head: &[f32], teacher_width: usize) -> Result<Inherited> {
+    let v = model.config.vocab_size();
+    let d = model.config.hidden_size();
+    let big_d = teacher_width;
+    for (what, x) in [("embedding", embed), ("LM head", head)] {
+        if x.len() != v * big_d {
+            return Err(Error::Invalid(format!(
+                "the teacher's {what} has {} values; the student needs vocab {v} x the teacher's width {big_d}",
+                x.len()
+            )));
+        }
+    }
+    if d > big_d {
+        return Err(Error::Invalid(format!(
+            "the student's hidden size {d} exceeds the teacher's {big_d}: a projection can only narrow; \
+             use a student no wider than its teacher"
+        )));
+    }
+    let vars = model.vs.variables();
+    let head_name = if vars.contains_key("lm_head.weight") { "lm_head.weight" } else { "model.embed_tokens.weight" };
+    let e = Tensor::from_slice(embed).view([v as i64, big_d as i64]);
+    let (p, energy_kept) = principal_directions(&e, d as i64);
+    let e_s = e.to_kind(Kind::Double).matmul(&p).to_kind(Kind::Float); // [V, d]
+    let h_s =
+        Tensor::from_slice(head).view([v as i64, big_d as i64]).to_kind(Kind::Double).matmul(&p).to_kind(Kind::Float);
+    set_param(&vars["model.embed_tokens.weight"], &e_s);
+    if head_name == "lm_head.weight" {
+        set_param(&vars[head_name], &h_s);
+    }
+    let rms = |t: &Tensor| t.square().mean(Kind::Double).sqrt().double_value(&[]);
+    Ok(Inherited { energy_kept, embed_rms: rms(&e_s), head_rms: rms(&h_s) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::Device;
+
+    #[test]
+    fn full_width_projection_keeps_every_score() {
+        // With d = D the projection is a rotation: every embedding·head score is unchanged.
+        let cfg = k3_config::presets::preset("tiny", Some(64)).unwrap();
+        let model = Model::init(&cfg, 0, Device::Cpu).unwrap();
+        let d = cfg.hidden_size();
+        let teacher = Tensor::randn([64, d as i64], (Kind::Float, Device::Cpu));
+        let head = Tensor::randn([64, d as i64], (Kind::Float, Device::Cpu));
+        let (e, h) = (
+            Vec::<f32>::try_from(&teacher.flatten(0, -1)).unwrap(),
+            Vec::<f32>::try_from(&head.flatten(0, -1)).unwrap(),
+        );
+        let r = inherit_embeddings(&model, &e, &h, d).unwrap();
+        assert!((r.energy_kept - 1.0).abs() < 1e-9);
+        let vars = model.vs.variables();
+        let got = vars["model.embed_tokens.weight"].matmul(&vars["lm_head.weight"].transpose(0, 1));
+        let want = teacher.matmul(&head.transpose(0, 1));
+        let err = (got - want).abs().max().double_value(&[]);
+        assert!(err < 1e-3, "scores changed by {err}");
+    }
+
+    #[test]
+    fn narrowing_keeps_the_dominant_directions() {
+        // A rank-3 embedding in 2·d dimensions narrows to d losslessly; a wider student is refused.
+        let cfg = k3_config::presets::preset("tiny", Some(64)).unwrap();
+        let model = Model::init(&cfg, 0, Device::Cpu).unwrap();
+        let d = cfg.hidden_size() as i64;
+        let low = Tensor::randn([64, 3], (Kind::Float, Device::Cpu))
+            .matmul(&Tensor::randn([3, 2 * d], (Kind::Float, Device::Cpu)));
+        let e = Vec::<f32>::try_from(&low.flatten(0, -1)).unwrap();
+        let r = inherit_embeddings(&model, &e, &e, 2 * d as usize).unwrap();
+        assert!(r.energy_kept > 1.0 - 1e-6, "kept {}", r.energy_kept);
+        let vars = model.vs.variables();
+        let emb = &vars["model.embed_tokens.weight"];
+        let got = emb.matmul(&emb.transpose(0, 1));
+        let want = low.matmul(&low.transpose(0, 1));
+        let rel = ((&got - &want).abs().max() / want.abs().max()).double_value(&[]);
+        assert!(rel < 1e-4, "Gram matrix changed by {rel}");
+        let narrow = vec![0f32; 64 * (d as usize / 2)];
+        let err = inherit_embeddings(&model, &narrow, &narrow, d as usize / 2).unwrap_err().to_string();
+        assert!(err.contains("exceeds the teacher's"), "{err}");
+    }
+}
