@@ -43,7 +43,8 @@ fn inherit_from(model: &Model, teacher: &Path) -> Result<()> {
     let head = if tied { embed.clone() } else { src.vector("lm_head.weight", v * width)? };
     let r = k3_train::inherit::inherit_embeddings(model, &embed, &head, width)?;
     println!(
-        "embedding and head from {} (width {width} -> {}): {:.1}% of the embedding's energy kept; rms {:.4} / {:.4}",
+        "embedding and head from {} (width {width} -> {}): {:.1}% of the embedding's energy kept; rms {:.4} / {:.4} \
+         (the head scaled to a fresh head's)",
         teacher.display(),
         model.config.hidden_size(),
         100.0 * r.energy_kept,

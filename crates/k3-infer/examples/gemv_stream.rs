@@ -3,7 +3,10 @@
 //! pool dispatch included), against the read bandwidth of a plain streaming loop at the same
 //! thread count. Shows how close the integer GEMV alone gets to the memory bound.
 //!
-//!   cargo run --release -p k3-infer --example gemv_stream [THREADS]
+//!   cargo run --release -p k3-infer --example gemv_stream [THREADS] [LAYERS]
+//!
+//! LAYERS (default 24) shrinks the set: at 1 (~7 MiB) it stays in cache, which shows whether
+//! the kernel itself, not memory, is the limit.
 use std::time::Instant;
 
 use k3_infer::linear::{Compute, Matrix};
@@ -11,6 +14,7 @@ use k3_kernels::quant::GgmlType;
 
 fn main() {
     let threads: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(2);
+    let layers: usize = std::env::args().nth(2).and_then(|s| s.parse().ok()).unwrap_or(24);
     let mut rng = k3_kernels::testing::Rng::new(3);
     // One layer: q, k, v, o (1024 x 1024), gate, up (2816 x 1024), down (1024 x 2816).
     let shapes = [(1024, 1024), (1024, 1024), (1024, 1024), (1024, 1024), (2816, 1024), (2816, 1024), (1024, 2816)];
@@ -23,7 +27,7 @@ fn main() {
         })
         .collect();
     // Distinct copies (a clone would share the packed weights through their Arc).
-    let mats: Vec<Matrix> = (0..24)
+    let mats: Vec<Matrix> = (0..layers)
         .flat_map(|_| {
             proto.iter().map(|m| {
                 let mut c = m.clone();

@@ -509,9 +509,16 @@ mod tests {
         eprintln!("paths on this CPU: {:?}", Isa::available());
         let mut rng = Rng::new(17);
         for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
-            for &(rows, cols, t) in
-                &[(1, 32, 1), (7, 96, 3), (9, 256, 5), (16, 576, 8), (5, 64, 13), (33, 96, 37), (40, 320, 17)]
-            {
+            for &(rows, cols, t) in &[
+                (1, 32, 1),
+                (7, 96, 3),
+                (9, 256, 5),
+                (16, 576, 8),
+                (5, 64, 13),
+                (33, 96, 37),
+                (40, 320, 17),
+                (6, 1088, 2),
+            ] {
                 let w = rng.normals(rows * cols, 0.4);
                 let x = rng.normals(t * cols, 1.5);
                 let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
