@@ -85,16 +85,16 @@ mod tests {
     #[test]
     fn full_width_projection_keeps_every_score() {
         // With d = D the projection is a rotation: every embedding·head score is unchanged.
-        let cfg = k3_config::presets::preset("tiny", Some(64)).unwrap();
-        let model = Model::init(&cfg, 0, Device::Cpu).unwrap();
+        let cfg = k3_config::presets::preset("tiny", Some(64)).expect("preset");
+        let model = Model::init(&cfg, 0, Device::Cpu).expect("init");
         let d = cfg.hidden_size();
         let teacher = Tensor::randn([64, d as i64], (Kind::Float, Device::Cpu));
         let head = Tensor::randn([64, d as i64], (Kind::Float, Device::Cpu));
         let (e, h) = (
-            Vec::<f32>::try_from(&teacher.flatten(0, -1)).unwrap(),
-            Vec::<f32>::try_from(&head.flatten(0, -1)).unwrap(),
+            Vec::<f32>::try_from(&teacher.flatten(0, -1)).expect("f32"),
+            Vec::<f32>::try_from(&head.flatten(0, -1)).expect("f32"),
         );
-        let r = inherit_embeddings(&model, &e, &h, d).unwrap();
+        let r = inherit_embeddings(&model, &e, &h, d).expect("inherit");
         assert!((r.energy_kept - 1.0).abs() < 1e-9);
         let vars = model.vs.variables();
         let got = vars["model.embed_tokens.weight"].matmul(&vars["lm_head.weight"].transpose(0, 1));
@@ -108,13 +108,13 @@ mod tests {
     #[test]
     fn narrowing_keeps_the_dominant_directions() {
         // A rank-3 embedding in 2·d dimensions narrows to d losslessly; a wider student is refused.
-        let cfg = k3_config::presets::preset("tiny", Some(64)).unwrap();
-        let model = Model::init(&cfg, 0, Device::Cpu).unwrap();
+        let cfg = k3_config::presets::preset("tiny", Some(64)).expect("preset");
+        let model = Model::init(&cfg, 0, Device::Cpu).expect("init");
         let d = cfg.hidden_size() as i64;
         let low = Tensor::randn([64, 3], (Kind::Float, Device::Cpu))
             .matmul(&Tensor::randn([3, 2 * d], (Kind::Float, Device::Cpu)));
-        let e = Vec::<f32>::try_from(&low.flatten(0, -1)).unwrap();
-        let r = inherit_embeddings(&model, &e, &e, 2 * d as usize).unwrap();
+        let e = Vec::<f32>::try_from(&low.flatten(0, -1)).expect("f32");
+        let r = inherit_embeddings(&model, &e, &e, 2 * d as usize).expect("inherit");
         assert!(r.energy_kept > 1.0 - 1e-6, "kept {}", r.energy_kept);
         let vars = model.vs.variables();
         let emb = &vars["model.embed_tokens.weight"];
@@ -123,7 +123,9 @@ mod tests {
         let rel = ((&got - &want).abs().max() / want.abs().max()).double_value(&[]);
         assert!(rel < 1e-4, "Gram matrix changed by {rel}");
         let narrow = vec![0f32; 64 * (d as usize / 2)];
-        let err = inherit_embeddings(&model, &narrow, &narrow, d as usize / 2).unwrap_err().to_string();
+        let err = inherit_embeddings(&model, &narrow, &narrow, d as usize / 2)
+            .expect_err("a wider student is refused")
+            .to_string();
         assert!(err.contains("exceeds the teacher's"), "{err}");
     }
 }
