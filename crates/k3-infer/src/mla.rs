@@ -1,7 +1,9 @@
 //! Multi-head latent attention in its absorbed form (architecture.md §2(a)): the cache holds only
 //! `[RMSNorm(c_kv) ; k_r]` per token (R + Dr values), queries are absorbed into the latent space
-//! through W_uk, and W_uv maps the attended latent back per head. NoPE, optional q LoRA and the
-//! K3 output gate. Dims: T new tokens, S cached, C hidden, H heads, Dn/Dr/Dv, R = kv_lora_rank.
+//! through W_uk, and W_uv maps the attended latent back per head. A long prefill instead expands
+//! per-head keys and values from the cache when that takes fewer multiply-adds
+//! ([`prefill_expands`]). NoPE, optional q LoRA and the K3 output gate. Dims: T new tokens,
+//! S cached, C hidden, H heads, Dn/Dr/Dv, R = kv_lora_rank.
 
 use k3_config::MlaConfig;
 use k3_kernels::threads::par_rows;
