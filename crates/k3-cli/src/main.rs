@@ -59,7 +59,8 @@ enum Cmd {
         out: PathBuf,
         #[arg(long, default_value_t = 0)]
         seed: i64,
-        /// Override the preset's vocabulary size (e.g. to match a tokenizer).
+        /// Override the preset's vocabulary size (e.g. to match a tokenizer; with --embed-from,
+        /// the teacher's by default).
         #[arg(long)]
         vocab: Option<usize>,
         /// Start the embedding and LM head from this teacher's (a GGUF or checkpoint with the

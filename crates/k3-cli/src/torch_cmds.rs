@@ -9,10 +9,23 @@ use k3_train::Model;
 use tch::{Device, Kind, Tensor};
 
 pub fn init(preset: &str, out: &Path, seed: i64, vocab: Option<usize>, embed_from: Option<&Path>) -> Result<()> {
+    let teacher = match embed_from {
+        Some(path) => {
+            let (src, warnings) =
+                k3_infer::source::Source::open(path).with_context(|| format!("--embed-from {}", path.display()))?;
+            for w in warnings {
+                eprintln!("warning: {w}");
+            }
+            Some((path, src))
+        }
+        None => None,
+    };
+    // A student that inherits the teacher's embedding has the teacher's vocabulary unless told otherwise.
+    let vocab = vocab.or(teacher.as_ref().map(|(_, src)| src.config().vocab_size()));
     let cfg = k3_config::presets::preset(preset, vocab)?;
     let model = Model::init(&cfg, seed, Device::Cpu)?;
-    if let Some(teacher) = embed_from {
-        inherit_from(&model, teacher).with_context(|| format!("--embed-from {}", teacher.display()))?;
+    if let Some((path, src)) = &teacher {
+        inherit_from(&model, path, src).with_context(|| format!("--embed-from {}", path.display()))?;
     }
     model.save(out).with_context(|| format!("writing the checkpoint to {}", out.display()))?;
     let profile = match &cfg {
@@ -24,24 +37,20 @@ pub fn init(preset: &str, out: &Path, seed: i64, vocab: Option<usize>, embed_fro
 }
 
 /// The teacher's embedding and head, projected into `model` (k3_train::inherit).
-fn inherit_from(model: &Model, teacher: &Path) -> Result<()> {
-    let (src, warnings) = k3_infer::source::Source::open(teacher)?;
-    for w in warnings {
-        eprintln!("warning: {w}");
-    }
+fn inherit_from(model: &Model, teacher: &Path, src: &k3_infer::source::Source) -> Result<()> {
     let tc = src.config();
     let (v, width) = (tc.vocab_size(), tc.hidden_size());
     if v != model.config.vocab_size() {
         bail!(
-            "the teacher's vocabulary has {v} tokens, the student's {}: initialise with --vocab {v} (and train on data \
-             built with the teacher's tokenizer)",
+            "the teacher's vocabulary has {v} tokens, the student's {}: initialise with --vocab {v} (or without \
+             --vocab) and train on data built with the teacher's tokenizer",
             model.config.vocab_size()
         );
     }
     let embed = src.vector("model.embed_tokens.weight", v * width)?;
     let tied = matches!(tc, k3_config::ModelConfig::Llama(c) if c.tie_word_embeddings);
-    let head = if tied { embed.clone() } else { src.vector("lm_head.weight", v * width)? };
-    let r = k3_train::inherit::inherit_embeddings(model, &embed, &head, width)?;
+    let head = if tied { None } else { Some(src.vector("lm_head.weight", v * width)?) };
+    let r = k3_train::inherit::inherit_embeddings(model, &embed, head.as_deref().unwrap_or(&embed), width)?;
     println!(
         "embedding and head from {} (width {width} -> {}): {:.1}% of the embedding's energy kept; rms {:.4} / {:.4} \
          (the head scaled to a fresh head's)",

@@ -129,18 +129,23 @@ pub fn mla_attend_block(
         crate::simd::matmul_nt_acc(&mut sc, s, &qv[r0 * w..], w, cache, w, r1 - r0, w, s);
         for i in r0..r1 {
             let row = &mut sc[(i - r0) * s..(i - r0 + 1) * s];
-            let vis = p0 + i / h + 1; // causal
-            crate::ops::softmax_scaled_fast(&mut row[..vis], scale);
-            if f16_kq {
-                crate::simd::round_f16_inplace(&mut row[..vis]);
-            }
-            row[vis..].fill(0.0);
+            causal_probabilities(row, p0 + i / h + 1, scale, f16_kq);
         }
         // SAFETY: rows r0..r1 of the output belong to this task alone.
         let oh = unsafe { o.slice(r0 * r, (r1 - r0) * r) };
         oh.fill(0.0);
         crate::simd::matmul_acc_strided(oh, r, &sc, s, cache, w, r1 - r0, s, r);
     });
+}
+
+/// One row of scores → attention probabilities in place: softmax(scale · score) over the first
+/// `vis` (causally visible) positions, rounded to f16 with `f16_kq`, zero beyond.
+fn causal_probabilities(row: &mut [f32], vis: usize, scale: f32, f16_kq: bool) {
+    crate::ops::softmax_scaled_fast(&mut row[..vis], scale);
+    if f16_kq {
+        crate::simd::round_f16_inplace(&mut row[..vis]);
+    }
+    row[vis..].fill(0.0);
 }
 
 /// [`gqa_attend_ref`] in blocks (see [`attend_blocked`]); under reference arithmetic
@@ -186,8 +191,8 @@ pub struct Heads {
     pub dv: usize,
 }
 
-/// Causal attention in blocks: for each KV head and block of up to 16 queries, the rows of the
-/// heads sharing that KV head ([nq·G, dk]) against the cache's keys in one A·Bᵀ product and the
+/// Causal attention in blocks: for each KV head and block of queries (about 128 rows: 128 / G
+/// queries, 16 to 128), the rows of the heads sharing that KV head ([nq·G, dk]) against the cache's keys in one A·Bᵀ product and the
 /// probabilities against its values in one A·B product, tasks over (KV head, block) on `threads`
 /// pool threads. GQA for Llama (dk = dv) and MLA's prefill over decompressed keys and values
 /// (dk = Dn + Dr, dv = Dv). The same arithmetic as [`gqa_attend_ref`] per row, up to the order
@@ -253,12 +258,7 @@ pub fn attend_blocked(
             }
         }
         for (i, row) in sc.chunks_exact_mut(s).enumerate() {
-            let vis = past + t0 + i / group + 1; // causal
-            crate::ops::softmax_scaled_fast(&mut row[..vis], scale);
-            if f16_kq {
-                crate::simd::round_f16_inplace(&mut row[..vis]);
-            }
-            row[vis..].fill(0.0);
+            causal_probabilities(row, past + t0 + i / group + 1, scale, f16_kq);
         }
         let mut ob = vec![0f32; rows * dv];
         crate::simd::matmul_acc_strided(&mut ob, dv, &sc, s, &vc[kvh * dv..], hkv * dv, rows, s, dv);

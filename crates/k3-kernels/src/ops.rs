@@ -56,8 +56,8 @@ pub fn softmax_inplace(x: &mut [f32]) {
     x.iter_mut().for_each(|v| *v *= inv);
 }
 
-/// [`softmax_inplace`] of `scale · x` (scale > 0), for the attention fast paths: [`exp_fast`] and the sum in 16
-/// f32 lanes, so the loops vectorise.
+/// [`softmax_inplace`] of `scale · x` (scale > 0), for the attention fast paths: [`exp_fast`]
+/// and the sum in 16 f32 lanes, so the loops vectorise.
 pub fn softmax_scaled_fast(x: &mut [f32], scale: f32) {
     let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max) * scale;
     let mut lanes = [0f32; 16];
@@ -323,7 +323,7 @@ mod tests {
 
     #[test]
     fn fast_softmax_matches_the_reference() {
-        let mut rng = crate::testing::Rng::new(5);
+        let mut rng = Rng::new(5);
         for n in [1, 7, 16, 33, 1000] {
             let x = rng.normals(n, 4.0);
             let mut want: Vec<f32> = x.iter().map(|v| v * 0.3).collect();

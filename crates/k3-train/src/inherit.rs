@@ -28,11 +28,10 @@ pub struct Inherited {
     pub head_rms: f64,
 }
 
-/// The top-`d` principal directions of `e` ([V, D], uncentred): P [D, d], columns by decreasing
-/// eigenvalue, and the share of the trace they hold.
-pub fn principal_directions(e: &Tensor, d: i64) -> (Tensor, f64) {
-    let e = e.to_kind(Kind::Double);
-    let sigma = e.transpose(0, 1).matmul(&e); // [D, D]
+/// The top-`d` principal directions of `e` ([V, D] f64, uncentred): P [D, d], columns by
+/// decreasing eigenvalue, and the share of the trace they hold.
+fn principal_directions(e: &Tensor, d: i64) -> (Tensor, f64) {
+    let sigma = e.transpose(0, 1).matmul(e); // [D, D]
     let (vals, vecs) = sigma.linalg_eigh("L"); // ascending
     let n = vals.size()[0];
     let top = vecs.narrow(1, n - d, d).flip([1]); // [D, d], largest first
@@ -62,17 +61,17 @@ pub fn inherit_embeddings(model: &Model, embed: &[f32], head: &[f32], teacher_wi
         )));
     }
     let vars = model.vs.variables();
-    let head_name = if vars.contains_key("lm_head.weight") { "lm_head.weight" } else { "model.embed_tokens.weight" };
-    let e = Tensor::from_slice(embed).view([v as i64, big_d as i64]);
+    let as_f64 = |x: &[f32]| Tensor::from_slice(x).view([v as i64, big_d as i64]).to_kind(Kind::Double);
+    let e = as_f64(embed);
     let (p, energy_kept) = principal_directions(&e, d as i64);
-    let e_s = e.to_kind(Kind::Double).matmul(&p).to_kind(Kind::Float); // [V, d]
-    let h_s =
-        Tensor::from_slice(head).view([v as i64, big_d as i64]).to_kind(Kind::Double).matmul(&p).to_kind(Kind::Float);
+    let e_s = e.matmul(&p).to_kind(Kind::Float); // [V, d]
+    let h_s = as_f64(head).matmul(&p).to_kind(Kind::Float);
     let rms = |t: &Tensor| t.square().mean(Kind::Double).sqrt().double_value(&[]);
     let (embed_rms, head_rms) = (rms(&e_s), rms(&h_s));
     set_param(&vars["model.embed_tokens.weight"], &e_s);
-    if head_name == "lm_head.weight" {
-        set_param(&vars[head_name], &(h_s * (INIT_STD / head_rms.max(f64::MIN_POSITIVE))));
+    // A tied student's head is its embedding, left at the teacher's scale.
+    if let Some(lm_head) = vars.get("lm_head.weight") {
+        set_param(lm_head, &(h_s * (INIT_STD / head_rms.max(f64::MIN_POSITIVE))));
     }
     Ok(Inherited { energy_kept, embed_rms, head_rms })
 }

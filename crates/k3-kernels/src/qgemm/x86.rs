@@ -144,8 +144,10 @@ unsafe fn tile512<const R: usize, const C: usize>(w: &Packed, a: &QActs, o0: usi
                 }
             }
         }
-        // The rows' scales (and Q4_1 mins) for 8 pairs converted at once, then spread per pair.
-        if p % 8 == 0 && p + 8 <= n / 2 {
+        // The rows' scales (and Q4_1 mins) for 8 pairs converted at once, then spread per pair;
+        // a last group of fewer than 8 pairs reads them one pair at a time.
+        let whole = (p | 7) < n / 2;
+        if whole && p % 8 == 0 {
             for i in 0..R {
                 d16[i] = _mm512_cvtph_ps(_mm256_loadu_si256(drow[i].add(2 * p) as *const __m256i));
                 if kind == Kind::Q4_1 {
@@ -153,7 +155,6 @@ unsafe fn tile512<const R: usize, const C: usize>(w: &Packed, a: &QActs, o0: usi
                 }
             }
         }
-        let whole = p - p % 8 + 8 <= n / 2;
         let idx = pair_of(p % 8);
         let mut wv = [_mm512_setzero_si512(); R];
         let mut ws = [_mm512_setzero_ps(); R];
