@@ -238,7 +238,7 @@ impl Mla {
             });
             let heads = attention::Heads { hq: h, hkv: h, dk: qk, dv };
             let keys = attention::Keys::Columns { data: &kt, n: s };
-            attention::attend_blocked(&mut att, &q, keys, &vc, heads, past, false, cx.threads);
+            attention::attend_blocked(&mut att, &q, keys, attention::Rows::F32(&vc), heads, past, false, cx.threads);
         } else {
             // q̃ = W_ukᵀ q_nope for every token of a head at once: [T, Dn] · k_bᵀ → [T, R].
             let mut qabs = vec![0f32; t * h * r]; // [T, H, R]

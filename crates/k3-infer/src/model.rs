@@ -30,17 +30,18 @@ pub struct SeqState {
 }
 
 impl SeqState {
-    /// Bytes of inference state held (KDA state + conv tail, MLA latent cache, KV cache), f32.
+    /// Bytes of inference state held (KDA state + conv tail and MLA latent cache in f32, the KV
+    /// cache in its own type).
     pub fn bytes(&self) -> usize {
-        4 * match &self.layers {
+        match &self.layers {
             SeqLayers::Kimi(ls) => ls
                 .iter()
                 .map(|l| match l {
-                    LayerState::Kda(k) => k.conv.len() + k.s.len(),
-                    LayerState::Mla(c) => c.len(),
+                    LayerState::Kda(k) => 4 * (k.conv.len() + k.s.len()),
+                    LayerState::Mla(c) => 4 * c.len(),
                 })
                 .sum::<usize>(),
-            SeqLayers::Llama(ls) => ls.iter().map(|c| c.k.len() + c.v.len()).sum(),
+            SeqLayers::Llama(ls) => ls.iter().map(|c| c.k.bytes() + c.v.bytes()).sum(),
         }
     }
 }

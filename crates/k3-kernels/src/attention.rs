@@ -62,6 +62,58 @@ impl OutPtr {
     }
 }
 
+/// The rows of an attention cache: f32, or f16 bits (llama.cpp's cache type: a decode step
+/// streams half the bytes). Kernels read f16 rows by widening panels of them into f32.
+#[derive(Debug, Clone, Copy)]
+pub enum Rows<'a> {
+    F32(&'a [f32]),
+    F16(&'a [u16]),
+}
+
+impl Rows<'_> {
+    /// Values held (rows × row width).
+    pub fn len(&self) -> usize {
+        match self {
+            Rows::F32(v) => v.len(),
+            Rows::F16(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Rows `j0..j0 + n` of a layout with row stride `ld`, columns `off..off + w`, as f32.
+    ///
+    /// # Shapes
+    /// dst: [n, w]
+    pub fn gather(&self, dst: &mut [f32], j0: usize, n: usize, ld: usize, off: usize, w: usize) {
+        for (i, d) in dst[..n * w].chunks_exact_mut(w).enumerate() {
+            let at = (j0 + i) * ld + off;
+            match self {
+                Rows::F32(v) => d.copy_from_slice(&v[at..at + w]),
+                Rows::F16(v) => crate::simd::f16_to_f32(d, &v[at..at + w]),
+            }
+        }
+    }
+
+    /// Every value as f32 (borrowed when already f32): the reference paths.
+    pub fn to_f32(&self) -> std::borrow::Cow<'_, [f32]> {
+        match self {
+            Rows::F32(v) => std::borrow::Cow::Borrowed(v),
+            Rows::F16(v) => {
+                let mut out = vec![0f32; v.len()];
+                crate::simd::f16_to_f32(&mut out, v);
+                std::borrow::Cow::Owned(out)
+            }
+        }
+    }
+}
+
+/// Positions per panel when f16 rows are widened for the products (a [512, 128] f32 panel is
+/// 256 KiB, inside L2).
+const PANEL: usize = 512;
+
 /// [`mla_attend_ref`] with the heads spread over `threads` pool threads.
 #[allow(clippy::too_many_arguments)]
 pub fn mla_attend(
@@ -155,8 +207,8 @@ fn causal_probabilities(row: &mut [f32], vis: usize, scale: f32, f16_kq: bool) {
 pub fn gqa_attend(
     out: &mut [f32],
     q: &[f32],
-    kc: &[f32],
-    vc: &[f32],
+    kc: Rows,
+    vc: Rows,
     hq: usize,
     hkv: usize,
     d: usize,
@@ -167,7 +219,7 @@ pub fn gqa_attend(
     if crate::ops::reference_arithmetic() {
         let t = q.len() / (hq * d);
         let threads = if (past + t) * t * hq * d < 1 << 15 { 1 } else { threads };
-        return gqa_attend_pairs(out, q, kc, vc, hq, hkv, d, past, f16_kq, threads);
+        return gqa_attend_pairs(out, q, &kc.to_f32(), &vc.to_f32(), hq, hkv, d, past, f16_kq, threads);
     }
     attend_blocked(out, q, Keys::Rows(kc), vc, Heads { hq, hkv, dk: d, dv: d }, past, f16_kq, threads)
 }
@@ -177,7 +229,7 @@ pub fn gqa_attend(
 /// cache into), so the scores are a plain A·B product.
 #[derive(Debug, Clone, Copy)]
 pub enum Keys<'a> {
-    Rows(&'a [f32]),
+    Rows(Rows<'a>),
     Columns { data: &'a [f32], n: usize },
 }
 
@@ -205,7 +257,7 @@ pub fn attend_blocked(
     out: &mut [f32],
     q: &[f32],
     keys: Keys,
-    vc: &[f32],
+    vc: Rows,
     heads: Heads,
     past: usize,
     f16_kq: bool,
@@ -246,7 +298,18 @@ pub fn attend_blocked(
         }
         let mut sc = vec![0f32; rows * s];
         match keys {
-            Keys::Rows(kc) => crate::simd::matmul_nt_acc(&mut sc, s, &a, dk, &kc[kvh * dk..], hkv * dk, rows, dk, s),
+            Keys::Rows(Rows::F32(kc)) => {
+                crate::simd::matmul_nt_acc(&mut sc, s, &a, dk, &kc[kvh * dk..], hkv * dk, rows, dk, s)
+            }
+            Keys::Rows(kc @ Rows::F16(_)) => {
+                // Panels of keys widened to f32 [nb, dk], each against every row of `a`.
+                let mut panel = vec![0f32; PANEL.min(s) * dk];
+                for j0 in (0..s).step_by(PANEL) {
+                    let nb = PANEL.min(s - j0);
+                    kc.gather(&mut panel, j0, nb, hkv * dk, kvh * dk, dk);
+                    crate::simd::matmul_nt_acc(&mut sc[j0..], s, &a, dk, &panel, dk, rows, dk, nb);
+                }
+            }
             Keys::Columns { data, n } => {
                 // In column blocks whose keys stay in L2 while every row of `a` passes.
                 const KB: usize = 512;
@@ -261,7 +324,19 @@ pub fn attend_blocked(
             causal_probabilities(row, past + t0 + i / group + 1, scale, f16_kq);
         }
         let mut ob = vec![0f32; rows * dv];
-        crate::simd::matmul_acc_strided(&mut ob, dv, &sc, s, &vc[kvh * dv..], hkv * dv, rows, s, dv);
+        match vc {
+            Rows::F32(vc) => {
+                crate::simd::matmul_acc_strided(&mut ob, dv, &sc, s, &vc[kvh * dv..], hkv * dv, rows, s, dv)
+            }
+            Rows::F16(_) => {
+                let mut panel = vec![0f32; PANEL.min(s) * dv];
+                for j0 in (0..s).step_by(PANEL) {
+                    let nb = PANEL.min(s - j0);
+                    vc.gather(&mut panel, j0, nb, hkv * dv, kvh * dv, dv);
+                    crate::simd::matmul_acc_strided(&mut ob, dv, &sc[j0..], s, &panel, dv, rows, nb, dv);
+                }
+            }
+        }
         for i in 0..nq {
             // SAFETY: query t0 + i's heads kvh·G.. belong to this task alone.
             let dst = unsafe { o.slice(((t0 + i) * hq + kvh * group) * dv, group * dv) };
@@ -395,21 +470,32 @@ mod tests {
     fn parallel_attention_matches_the_references() {
         let mut rng = Rng::new(21);
         for f16 in [false, true] {
-            // GQA: new queries after cached positions (a decode step, a few, and more than one
-            // block of 16), 6 query heads over 2 KV heads, blocked and (reference arithmetic)
-            // per pair, at 1–3 threads.
+            // GQA: new queries after cached positions (a decode step, a few, more than one
+            // block of queries, more than one f16 panel of keys), 6 query heads over 2 KV heads,
+            // blocked and (reference arithmetic) per pair, at 1–3 threads, over an f32 cache and
+            // an f16 one holding the same (f16-representable) values.
             let (hq, hkv, d) = (6, 2, 16);
-            for (t, past) in [(1, 70), (3, 40), (37, 5)] {
+            for (t, past) in [(1, 70), (3, 40), (37, 5), (2, 1100)] {
                 let q = rng.normals(t * hq * d, 1.0);
-                let kc = rng.normals((past + t) * hkv * d, 1.0);
-                let vc = rng.normals((past + t) * hkv * d, 1.0);
+                let f16_values = |rng: &mut Rng| {
+                    let mut v = rng.normals((past + t) * hkv * d, 1.0);
+                    crate::simd::round_f16_inplace(&mut v);
+                    v
+                };
+                let (kc, vc) = (f16_values(&mut rng), f16_values(&mut rng));
+                let bits = |v: &[f32]| v.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect::<Vec<u16>>();
+                let (kh, vh) = (bits(&kc), bits(&vc));
                 let mut want = vec![0f32; t * hq * d];
                 gqa_attend_ref(&mut want, &q, &kc, &vc, hq, hkv, d, past, f16);
                 for threads in [1, 2, 3] {
-                    let mut got = vec![0f32; t * hq * d];
-                    gqa_attend(&mut got, &q, &kc, &vc, hq, hkv, d, past, f16, threads);
-                    let tol = if f16 { 2e-3 } else { 1e-5 }; // f16 rounding of p may flip on reordered sums
-                    assert_close_abs(&format!("gqa T={t} past={past} x{threads}"), &got, &want, tol);
+                    for (name, k, v) in
+                        [("f32", Rows::F32(&kc), Rows::F32(&vc)), ("f16", Rows::F16(&kh), Rows::F16(&vh))]
+                    {
+                        let mut got = vec![0f32; t * hq * d];
+                        gqa_attend(&mut got, &q, k, v, hq, hkv, d, past, f16, threads);
+                        let tol = if f16 { 2e-3 } else { 1e-5 }; // f16 rounding of p may flip on reordered sums
+                        assert_close_abs(&format!("gqa {name} T={t} past={past} x{threads}"), &got, &want, tol);
+                    }
                     let mut pairs = vec![0f32; t * hq * d];
                     gqa_attend_pairs(&mut pairs, &q, &kc, &vc, hq, hkv, d, past, f16, threads);
                     assert_close_abs(&format!("gqa pairs T={t} x{threads}"), &pairs, &want, 1e-5);
@@ -440,9 +526,20 @@ mod tests {
                     }
                 }
                 for threads in [1, 3] {
-                    for (name, keys) in [("rows", Keys::Rows(&kc)), ("columns", Keys::Columns { data: &kt, n })] {
+                    for (name, keys) in
+                        [("rows", Keys::Rows(Rows::F32(&kc))), ("columns", Keys::Columns { data: &kt, n })]
+                    {
                         let mut got = vec![0f32; t * hq * dv];
-                        attend_blocked(&mut got, &q, keys, &vc, Heads { hq, hkv, dk, dv }, past, f16, threads);
+                        attend_blocked(
+                            &mut got,
+                            &q,
+                            keys,
+                            Rows::F32(&vc),
+                            Heads { hq, hkv, dk, dv },
+                            past,
+                            f16,
+                            threads,
+                        );
                         let tol = if f16 { 2e-3 } else { 1e-5 };
                         assert_close_abs(&format!("{name} dk {dk} dv {dv} T={t} x{threads}"), &got, &want, tol);
                     }

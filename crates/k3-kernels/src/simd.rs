@@ -118,6 +118,32 @@ pub fn round_f16_inplace(v: &mut [f32]) {
     v.iter_mut().for_each(|x| *x = half::f16::from_f32(*x).to_f32());
 }
 
+/// f32 → f16 bits (round to nearest, ties to even), `dst[i] = f16(src[i])`: F16C 16 at a time
+/// when the CPU has AVX-512, else `half`'s conversion. The attention caches' store.
+pub fn f32_to_f16(dst: &mut [u16], src: &[f32]) {
+    assert_eq!(dst.len(), src.len(), "f32_to_f16: lengths differ");
+    #[cfg(target_arch = "x86_64")]
+    if crate::qgemm::Isa::best() >= crate::qgemm::Isa::Avx512Vnni {
+        // SAFETY: AVX-512F and F16C are present (Isa::best checks both); lengths are equal.
+        unsafe { x86::f32_to_f16_512(dst, src) };
+        return;
+    }
+    dst.iter_mut().zip(src).for_each(|(d, &x)| *d = half::f16::from_f32(x).to_bits());
+}
+
+/// f16 bits → f32 (exact), `dst[i] = src[i]` widened: F16C 16 at a time when the CPU has
+/// AVX-512, else `half`'s conversion. The attention caches' load.
+pub fn f16_to_f32(dst: &mut [f32], src: &[u16]) {
+    assert_eq!(dst.len(), src.len(), "f16_to_f32: lengths differ");
+    #[cfg(target_arch = "x86_64")]
+    if crate::qgemm::Isa::best() >= crate::qgemm::Isa::Avx512Vnni {
+        // SAFETY: as in `f32_to_f16`.
+        unsafe { x86::f16_to_f32_512(dst, src) };
+        return;
+    }
+    dst.iter_mut().zip(src).for_each(|(d, &h)| *d = half::f16::from_bits(h).to_f32());
+}
+
 /// XOR of every word: the memory-bandwidth probe's read loop (benchmarks divide bytes by its
 /// time). AVX-512: four independent 64-byte accumulators and a software prefetch 2 KiB ahead,
 /// so the probe streams as fast as the prefetching GEMV it is the bound for; else the plain fold.
@@ -414,6 +440,37 @@ mod x86 {
         }
     }
 
+    #[target_feature(enable = "avx512f,f16c")]
+    pub unsafe fn f32_to_f16_512(dst: &mut [u16], src: &[f32]) {
+        let n = src.len();
+        let (d, s) = (dst.as_mut_ptr(), src.as_ptr());
+        let mut i = 0;
+        while i + 16 <= n {
+            let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_loadu_ps(s.add(i)));
+            _mm256_storeu_si256(d.add(i) as *mut __m256i, h);
+            i += 16;
+        }
+        while i < n {
+            *d.add(i) = half::f16::from_f32(*s.add(i)).to_bits();
+            i += 1;
+        }
+    }
+
+    #[target_feature(enable = "avx512f,f16c")]
+    pub unsafe fn f16_to_f32_512(dst: &mut [f32], src: &[u16]) {
+        let n = src.len();
+        let (d, s) = (dst.as_mut_ptr(), src.as_ptr());
+        let mut i = 0;
+        while i + 16 <= n {
+            _mm512_storeu_ps(d.add(i), _mm512_cvtph_ps(_mm256_loadu_si256(s.add(i) as *const __m256i)));
+            i += 16;
+        }
+        while i < n {
+            *d.add(i) = half::f16::from_bits(*s.add(i)).to_f32();
+            i += 1;
+        }
+    }
+
     #[target_feature(enable = "avx2,fma")]
     unsafe fn dot256_impl(a: &[f32], b: &[f32]) -> f32 {
         let n = a.len().min(b.len());
@@ -477,6 +534,21 @@ mod x86 {
                 v.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
                 want.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
             );
+        }
+
+        #[test]
+        fn f16_conversions_match_half() {
+            let mut rng = Rng::new(9);
+            let mut v = rng.normals(83, 3.0);
+            v.extend([65520.0, 1e-8, -0.0, 6.1e-5, 2049.0, 2051.0, f32::INFINITY]);
+            let want: Vec<u16> = v.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect();
+            let mut bits = vec![0u16; v.len()];
+            super::super::f32_to_f16(&mut bits, &v);
+            assert_eq!(bits, want);
+            let mut back = vec![0f32; v.len()];
+            super::super::f16_to_f32(&mut back, &bits);
+            let exact: Vec<u32> = want.iter().map(|&h| half::f16::from_bits(h).to_f32().to_bits()).collect();
+            assert_eq!(back.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), exact);
         }
 
         #[test]
