@@ -67,6 +67,10 @@ enum Cmd {
         /// same vocabulary), projected onto their top principal directions.
         #[arg(long)]
         embed_from: Option<PathBuf>,
+        /// With --embed-from (a Llama-family teacher): also start every dense FFN from a teacher
+        /// layer spread over its depth, narrowed to the student's width (k3_train::inherit).
+        #[arg(long, requires = "embed_from")]
+        inherit_ffn: bool,
     },
     /// Run a forward pass on token ids and write `logits` [T, vocab] (f32) to a safetensors file.
     Logits {
@@ -287,8 +291,8 @@ fn run() -> Result<()> {
             Ok(())
         }
         #[cfg(feature = "train")]
-        Cmd::Init { preset, out, seed, vocab, embed_from } => {
-            torch_cmds::init(&preset, &out, seed, vocab, embed_from.as_deref())
+        Cmd::Init { preset, out, seed, vocab, embed_from, inherit_ffn } => {
+            torch_cmds::init(&preset, &out, seed, vocab, embed_from.as_deref(), inherit_ffn)
         }
         Cmd::Logits { model, ids, out, engine, threads, exact } if engine == "native" => {
             native::logits(&model, &parse_ids(&ids)?, &out, threads.unwrap_or(1), exact)

@@ -8,7 +8,14 @@ use k3_format::safetensors_io::{write_safetensors, OwnedData};
 use k3_train::Model;
 use tch::{Device, Kind, Tensor};
 
-pub fn init(preset: &str, out: &Path, seed: i64, vocab: Option<usize>, embed_from: Option<&Path>) -> Result<()> {
+pub fn init(
+    preset: &str,
+    out: &Path,
+    seed: i64,
+    vocab: Option<usize>,
+    embed_from: Option<&Path>,
+    inherit_ffn: bool,
+) -> Result<()> {
     let teacher = match embed_from {
         Some(path) => {
             let (src, warnings) =
@@ -25,7 +32,7 @@ pub fn init(preset: &str, out: &Path, seed: i64, vocab: Option<usize>, embed_fro
     let cfg = k3_config::presets::preset(preset, vocab)?;
     let model = Model::init(&cfg, seed, Device::Cpu)?;
     if let Some((path, src)) = &teacher {
-        inherit_from(&model, path, src).with_context(|| format!("--embed-from {}", path.display()))?;
+        inherit_from(&model, path, src, inherit_ffn).with_context(|| format!("--embed-from {}", path.display()))?;
     }
     model.save(out).with_context(|| format!("writing the checkpoint to {}", out.display()))?;
     let profile = match &cfg {
@@ -36,8 +43,9 @@ pub fn init(preset: &str, out: &Path, seed: i64, vocab: Option<usize>, embed_fro
     Ok(())
 }
 
-/// The teacher's embedding and head, projected into `model` (k3_train::inherit).
-fn inherit_from(model: &Model, teacher: &Path, src: &k3_infer::source::Source) -> Result<()> {
+/// The teacher's embedding and head (and with `ffn` its FFNs), projected into `model`
+/// (k3_train::inherit).
+fn inherit_from(model: &Model, teacher: &Path, src: &k3_infer::source::Source, ffn: bool) -> Result<()> {
     let tc = src.config();
     let (v, width) = (tc.vocab_size(), tc.hidden_size());
     if v != model.config.vocab_size() {
@@ -60,6 +68,29 @@ fn inherit_from(model: &Model, teacher: &Path, src: &k3_infer::source::Source) -
         r.embed_rms,
         r.head_rms
     );
+    if ffn {
+        let k3_config::ModelConfig::Llama(lc) = tc else {
+            bail!(
+                "--inherit-ffn needs a Llama-family teacher (SwiGLU FFNs in every layer); this teacher is {}",
+                tc.arch_name()
+            );
+        };
+        let f = lc.intermediate_size;
+        let load = |i: usize| -> k3_train::Result<k3_train::inherit::TeacherFfn> {
+            let get = |name: &str, n: usize| {
+                src.vector(&format!("model.layers.{i}.{name}"), n)
+                    .map_err(|e| k3_train::Error::Invalid(format!("the teacher's {name} of layer {i}: {e}")))
+            };
+            Ok(k3_train::inherit::TeacherFfn {
+                gate: get("mlp.gate_proj.weight", f * width)?,
+                up: get("mlp.up_proj.weight", f * width)?,
+                down: get("mlp.down_proj.weight", width * f)?,
+                norm: get("post_attention_layernorm.weight", width)?,
+            })
+        };
+        let n = k3_train::inherit::inherit_ffns(model, &r, lc.num_hidden_layers, &load)?;
+        println!("{n} dense FFNs from the teacher's {} layers (their {f} channels narrowed)", lc.num_hidden_layers);
+    }
     Ok(())
 }
 

@@ -104,6 +104,10 @@ pub struct OptimSection {
     /// Global gradient-norm clip (0 = off).
     #[serde(default = "d_clip")]
     pub clip: f64,
+    /// Learning-rate multiplier for the embedding and the LM head (weight decay follows it).
+    /// Below 1 keeps an inherited embedding (`k3mini init --embed-from`) close to where it started.
+    #[serde(default = "d_one_f")]
+    pub embed_lr_scale: f64,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -280,6 +284,9 @@ fn d_ns() -> usize {
 fn d_clip() -> f64 {
     1.0
 }
+fn d_one_f() -> f64 {
+    1.0
+}
 fn d_sched() -> ScheduleKind {
     ScheduleKind::Wsd
 }
@@ -431,6 +438,9 @@ impl TrainConfig {
         }
         if !(self.optim.lr > 0.0 && self.optim.lr.is_finite()) {
             return bad("optim.lr", "must be a positive number");
+        }
+        if !(self.optim.embed_lr_scale >= 0.0 && self.optim.embed_lr_scale.is_finite()) {
+            return bad("optim.embed_lr_scale", "must be a number >= 0 (0 freezes the embedding and head)");
         }
         if !(0.0..1.0).contains(&self.optim.beta1) || !(0.0..1.0).contains(&self.optim.beta2) {
             return bad("optim.beta1 / optim.beta2", "must be in [0, 1)");

@@ -35,6 +35,8 @@ struct Param {
     name: String,
     tensor: Tensor,
     rule: Rule,
+    /// Multiplies the learning rate (`optim.embed_lr_scale` for the embedding and head, else 1).
+    lr_scale: f64,
 }
 
 pub struct Optimizer {
@@ -86,8 +88,10 @@ impl Optimizer {
             .into_iter()
             .filter_map(|s| {
                 let t = vars.get(&s.name)?.shallow_clone();
+                let embedding = s.kind == TensorKind::Embedding || s.name == "lm_head.weight";
                 t.requires_grad().then(|| Param {
                     rule: rule_for(&s.name, s.kind, &s.shape, cfg.kind),
+                    lr_scale: if embedding { cfg.embed_lr_scale } else { 1.0 },
                     name: s.name,
                     tensor: t,
                 })
@@ -148,6 +152,10 @@ impl Optimizer {
             for p in &self.params {
                 let g = p.tensor.grad();
                 if !g.defined() {
+                    continue;
+                }
+                let lr = lr * p.lr_scale;
+                if lr == 0.0 {
                     continue;
                 }
                 let mut w = p.tensor.shallow_clone();
