@@ -278,6 +278,40 @@ mod tests {
     }
 
     #[test]
+    fn embed_lr_scale_scales_the_embedding_and_head_steps_only() {
+        // One step at scales 0, 0.5 and 1 from the same model and gradients: the embedding and
+        // head move by that share of the full step (AdamW's first step is ±lr per entry, so
+        // exactly), every other parameter by the full step.
+        let cfg = k3_config::presets::preset("tiny", Some(64)).expect("preset");
+        let ids = Tensor::from_slice(&[3i64, 9, 27, 1, 40, 63, 5, 8]).view([1, 8]);
+        let moved = |scale: f64| -> (f64, f64) {
+            let model = Model::init(&cfg, 0, tch::Device::Cpu).expect("init");
+            let vars = model.vs.variables();
+            let before: Vec<Tensor> =
+                ["model.embed_tokens.weight", "lm_head.weight", "model.layers.0.mlp.up_proj.weight"]
+                    .iter()
+                    .map(|n| vars[*n].detach().copy())
+                    .collect();
+            let section = OptimSection { embed_lr_scale: scale, ..OptimSection::default() };
+            let mut opt = Optimizer::new(&model, &section);
+            opt.zero_grad();
+            model.forward(&ids, None, false).logits.square().mean(Kind::Float).backward();
+            opt.step(1e-2);
+            let diff = |n: &str, b: &Tensor| (&vars[n] - b).abs().max().double_value(&[]);
+            let emb = diff("model.embed_tokens.weight", &before[0]).max(diff("lm_head.weight", &before[1]));
+            (emb, diff("model.layers.0.mlp.up_proj.weight", &before[2]))
+        };
+        let (full, half, frozen) = (moved(1.0), moved(0.5), moved(0.0));
+        assert_eq!(frozen.0, 0.0, "a zero scale froze nothing");
+        assert!(
+            (half.0 / full.0 - 0.5).abs() < 0.02,
+            "half scale moved the embedding {} of the full step",
+            half.0 / full.0
+        );
+        assert!(full.1 > 0.0 && (frozen.1 - full.1).abs() < 1e-6 * full.1.max(1e-12), "the body's step changed");
+    }
+
+    #[test]
     fn rules_follow_moonlight() {
         use OptimKind::{AdamW, Muon};
         assert_eq!(rule_for("model.layers.0.mlp.up_proj.weight", TensorKind::Linear, &[64, 32], Muon), Rule::Muon);
