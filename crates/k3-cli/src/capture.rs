@@ -429,13 +429,12 @@ fn run_prompts(a: &CaptureArgs, prompts: &Path, tail: TailPolicy) -> Result<()> 
     };
     let stats = match &url {
         Some(u) => {
-            if a.raw_prompts {
-                bail!("--raw-prompts: an endpoint's answers come through its chat template; drop --raw-prompts, or capture with the teacher in process");
-            }
             let key = std::env::var(&a.api_key_env).ok();
             let mut e = crate::openai::Endpoint::connect(u, a.model.as_deref(), key, a.max_rps)?;
             let p = crate::openai::probe(&mut e)?;
-            if !p.chat_logprobs {
+            // Raw prompts go through /v1/completions (checked per answer), chat prompts through
+            // the chat endpoint's logprobs.
+            if !a.raw_prompts && !p.chat_logprobs {
                 bail!(
                     "{u}: the probe found no chat logprobs (logprobs.content[*].top_logprobs); trajectories need them"
                 );
@@ -448,11 +447,15 @@ fn run_prompts(a: &CaptureArgs, prompts: &Path, tail: TailPolicy) -> Result<()> 
             header.top_k = a.top_k.min(20);
             let mut w = SignalWriter::open(&a.out, header)?;
             let mut t = crate::openai::EndpointTeacher::new(e, crate::openai::Alignment::Aligned, false, &tok)?;
-            let (max_new, k, temp) = (a.max_new, w.header.top_k, a.sample_temperature);
+            let (max_new, k, temp, raw) = (a.max_new, w.header.top_k, a.sample_temperature, a.raw_prompts);
             crate::trajectories::capture(&mut w, &list, |p| {
                 let prompt_ids = tok.encode(p)?;
-                Ok(crate::trajectories::generate_endpoint(&mut t, p, max_new, k, temp)?
-                    .map(|a| crate::trajectories::Answer { prompt: prompt_ids, ..a }))
+                let answer = if raw {
+                    crate::trajectories::generate_endpoint_raw(&mut t, p, max_new, k, temp)?
+                } else {
+                    crate::trajectories::generate_endpoint(&mut t, p, max_new, k, temp)?
+                };
+                Ok(answer.map(|a| crate::trajectories::Answer { prompt: prompt_ids, ..a }))
             })?
         }
         None => {

@@ -164,7 +164,7 @@ fn pad_topk(tids: &mut Vec<u32>, lps: &mut Vec<f32>, k: usize) -> TopK {
 }
 
 /// A legacy-completions `top_logprobs` entry ({text: log-prob}) as (text, log-prob), best first.
-fn parse_top(v: &Value) -> Option<Vec<(String, f32)>> {
+pub fn parse_top(v: &Value) -> Option<Vec<(String, f32)>> {
     let mut top: Vec<(String, f32)> =
         v.as_object()?.iter().filter_map(|(s, l)| Some((s.clone(), l.as_f64()? as f32))).collect();
     top.sort_by(|a, b| b.1.total_cmp(&a.1));

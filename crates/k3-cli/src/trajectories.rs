@@ -107,6 +107,48 @@ pub fn generate_endpoint(
     Ok(Some(Answer { prompt: Vec::new(), generated: ids, tops, reasoning }))
 }
 
+/// `--raw-prompts` through an endpoint: the prompt continued as plain text (no chat template) by
+/// the legacy `/v1/completions`, each generated token with its `top_logprobs` (keyed by text, as
+/// llama.cpp's and vLLM's servers return them). At temperature 0 every generated token must be
+/// its own entry's top-1; when most are not, the entries are not aligned with the tokens and the
+/// capture stops rather than store them.
+pub fn generate_endpoint_raw(
+    t: &mut crate::openai::EndpointTeacher,
+    prompt: &str,
+    max_new: usize,
+    k: usize,
+    temperature: f32,
+) -> Result<Option<Answer>> {
+    let body = json!({"model": t.endpoint.model, "prompt": prompt, "max_tokens": max_new,
+                      "temperature": temperature, "logprobs": k.min(20)});
+    let v = t.endpoint.post("/v1/completions", &body)?;
+    let lp = &v["choices"][0]["logprobs"];
+    let (Some(tokens), Some(tops_v)) = (lp["tokens"].as_array(), lp["top_logprobs"].as_array()) else {
+        bail!(
+            "{}: /v1/completions returned no logprobs.tokens / top_logprobs (the endpoint does not return completion \
+             logprobs); capture raw prompts with the teacher in process, or drop --raw-prompts",
+            t.endpoint.base
+        )
+    };
+    let (mut ids, mut tops, mut greedy_first) = (Vec::new(), Vec::new(), 0);
+    for (tok, top) in tokens.iter().zip(tops_v) {
+        let Some(id) = tok.as_str().and_then(|s| t.id_of(s)) else { return Ok(None) };
+        let entries = crate::openai::parse_top(top).unwrap_or_default();
+        greedy_first += usize::from(entries.first().is_some_and(|(s, _)| Some(s.as_str()) == tok.as_str()));
+        ids.push(id);
+        tops.push(t.entries_to_topk(&entries, k));
+    }
+    if temperature == 0.0 && ids.len() >= 4 && greedy_first * 2 < ids.len() {
+        bail!(
+            "{}: only {greedy_first} of {} greedy tokens are the top-1 of their own top_logprobs entry: the entries are \
+             not aligned with the generated tokens; capture raw prompts with the teacher in process",
+            t.endpoint.base,
+            ids.len()
+        );
+    }
+    Ok(Some(Answer { prompt: Vec::new(), generated: ids, tops, reasoning: None }))
+}
+
 /// A teacher's answer to one prompt.
 pub struct Answer {
     pub prompt: Vec<u32>,

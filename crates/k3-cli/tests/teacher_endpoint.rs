@@ -131,7 +131,7 @@ fn probe_and_capture_through_llama_cpp_python_server() {
     // Trajectories: the teacher's greedy answers with per-token top-k, in process and via chat.
     let prompts = d.join("prompts.jsonl");
     std::fs::write(&prompts, "{\"prompt\": \"Write a Python function that adds two numbers.\"}\n").expect("prompts");
-    let traj = |teacher: &str, out: &PathBuf| {
+    let traj = |teacher: &str, out: &PathBuf, raw: bool| {
         let mut c = k3mini();
         c.args(["capture", "--max-new", "12", "--top-k", "8", "--threads", "1", "--teacher", teacher, "--tokenizer"])
             .arg(&gguf)
@@ -139,14 +139,24 @@ fn probe_and_capture_through_llama_cpp_python_server() {
             .arg(&prompts)
             .arg("--out")
             .arg(out);
+        if raw {
+            c.arg("--raw-prompts");
+        }
         run(&mut c)
     };
     let (te, tl) = (d.join("traj-endpoint"), d.join("traj-local"));
-    traj(&url, &te);
-    traj(gguf.to_str().expect("utf-8 path"), &tl);
-    let again = traj(&url, &te);
+    traj(&url, &te, false);
+    traj(gguf.to_str().expect("utf-8 path"), &tl, false);
+    let again = traj(&url, &te, false);
     assert!(again.contains("0 answered"), "a finished capture does not repeat prompts: {again}");
-    for store in [&te, &tl] {
+    // Raw prompts (no chat template): /v1/completions through the endpoint, our engine in process.
+    let (re, rl) = (d.join("raw-endpoint"), d.join("raw-local"));
+    traj(&url, &re, true);
+    traj(gguf.to_str().expect("utf-8 path"), &rl, true);
+    let first = |p: &PathBuf| SignalStore::open(p).expect("store").trajectory(0).expect("trajectory").generated;
+    let (ge, gl) = (first(&re), first(&rl));
+    assert_eq!(ge.first(), gl.first(), "both engines continue the raw prompt with the same greedy token");
+    for store in [&te, &tl, &re, &rl] {
         let s = SignalStore::open(store).expect("store");
         assert_eq!(s.trajectories, 1);
         let t = s.trajectory(0).expect("trajectory");
