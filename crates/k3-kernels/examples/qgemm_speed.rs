@@ -30,4 +30,32 @@ fn main() {
             }
         }
     }
+    // K-quants (not repacked): one 2816 x 1024 product row by row, scalar reference vs dispatch.
+    use k3_kernels::quant::k_quants::{vec_dot_q4_k_q8_k, vec_dot_q6_k_q8_k};
+    let x = rng.normals(cols, 1.0);
+    let xq = GgmlType::Q8_K.quantize_row(&x);
+    for (ty, reference) in
+        [(GgmlType::Q4_K, vec_dot_q4_k_q8_k as fn(&[u8], &[u8]) -> f32), (GgmlType::Q6_K, vec_dot_q6_k_q8_k)]
+    {
+        let w = rng.normals(rows * cols, 0.4);
+        let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
+        let rb = ty.row_bytes(cols);
+        for (name, dispatch) in [("scalar ref", false), ("dispatch", true)] {
+            let t0 = Instant::now();
+            let mut acc = 0f32;
+            for _ in 0..20 {
+                for r in data.chunks(rb) {
+                    acc += if dispatch { ty.vec_dot(r, &xq) } else { reference(r, &xq) };
+                }
+            }
+            let s = t0.elapsed().as_secs_f64() / 20.0;
+            println!(
+                "{} T=1   {:<12} {:8.3} ms  {:6.1} GB/s  ({acc:.1})",
+                ty.name(),
+                name,
+                s * 1e3,
+                data.len() as f64 / s / 1e9
+            );
+        }
+    }
 }

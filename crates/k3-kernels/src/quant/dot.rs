@@ -35,8 +35,8 @@ impl GgmlType {
             GgmlType::Q4_0 => vec_dot_q4_0_q8_0(w, x),
             GgmlType::Q4_1 => vec_dot_q4_1_q8_1(w, x),
             GgmlType::Q8_0 => vec_dot_q8_0_q8_0(w, x),
-            GgmlType::Q4_K => super::k_quants::vec_dot_q4_k_q8_k(w, x),
-            GgmlType::Q6_K => super::k_quants::vec_dot_q6_k_q8_k(w, x),
+            GgmlType::Q4_K => super::k_quants_simd::vec_dot_q4_k(w, x),
+            GgmlType::Q6_K => super::k_quants_simd::vec_dot_q6_k(w, x),
             // Q8_K is an activation format; as a weight (never written by ggml) dot the values.
             GgmlType::Q8_K => {
                 let n = w.len() / super::k_quants::Q8K_BYTES * super::k_quants::QK;

@@ -6,6 +6,7 @@
 pub mod dot;
 pub mod float;
 pub mod k_quants;
+pub mod k_quants_simd;
 pub mod q4_0;
 pub mod q4_1;
 pub mod q8_0;
