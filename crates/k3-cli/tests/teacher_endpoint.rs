@@ -271,4 +271,18 @@ fn capture_by_ids_through_vllm_prompt_logprobs() {
         assert_eq!(t.generated, chats[chats.len() - 2 + i], "trajectory {i}: the answer's ids");
         assert_eq!(t.reasoning.as_deref(), Some("The user wants 6 tokens; think, then answer."));
     }
+
+    // Raw prompts need /v1/completions logprobs, which this server does not return for a plain
+    // completion: the capture stops at the first answer with a message saying so.
+    let out = k3mini()
+        .args(["capture", "--raw-prompts", "--top-k", "3", "--max-new", "6", "--teacher", &url, "--tokenizer"])
+        .arg(ds.join("tokenizer.json"))
+        .arg("--prompts")
+        .arg(&prompts)
+        .arg("--out")
+        .arg(d.join("raw"))
+        .output()
+        .expect("spawn");
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && e.contains("/v1/completions returned no logprobs"), "{e}");
 }
