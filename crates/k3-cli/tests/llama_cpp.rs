@@ -56,7 +56,12 @@ fn random_checkpoints_agree_with_llama_cpp() {
     let Some(py) = llama_python() else { return };
     let (mut agree, mut within, mut total, mut worst) = (0.0f64, 0usize, 0usize, 0f32);
     let (mut decided, mut decided_agree) = (0usize, 0usize);
-    let base = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs() % 100_000;
+    // Fixed seeds (K3MINI_LCPP_SEED overrides the base, to explore others): on random MoE weights
+    // two experts' router scores can fall within float noise of each other, and then the engines
+    // route one position differently and every later one through the changed states (a
+    // time-based seed once drew such a model: 147/200 positions, the first 109 within 1.1e-3,
+    // with this engine and the one before; K3MINI_LCPP_SEED=54854 draws it again).
+    let base: u64 = std::env::var("K3MINI_LCPP_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(20_261);
     for (i, kind) in ["dense", "moe", "dense", "moe"].iter().enumerate() {
         let seed = (base * 10 + i as u64).to_string();
         let d = scratch(&format!("lcpp{i}"));
