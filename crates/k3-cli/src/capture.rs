@@ -450,12 +450,8 @@ fn run_prompts(a: &CaptureArgs, prompts: &Path, tail: TailPolicy) -> Result<()> 
             let (max_new, k, temp, raw) = (a.max_new, w.header.top_k, a.sample_temperature, a.raw_prompts);
             crate::trajectories::capture(&mut w, &list, |p| {
                 let prompt_ids = tok.encode(p)?;
-                let answer = if raw {
-                    crate::trajectories::generate_endpoint_raw(&mut t, p, max_new, k, temp)?
-                } else {
-                    crate::trajectories::generate_endpoint(&mut t, p, max_new, k, temp)?
-                };
-                Ok(answer.map(|a| crate::trajectories::Answer { prompt: prompt_ids, ..a }))
+                Ok(crate::trajectories::generate_endpoint(&mut t, p, raw, max_new, k, temp)?
+                    .map(|a| crate::trajectories::Answer { prompt: prompt_ids, ..a }))
             })?
         }
         None => {

@@ -3,8 +3,8 @@
 //!
 //! In process the engine prefills the chat-templated prompt and decodes token by token (greedy, or
 //! sampled with `--sample-temperature`), keeping each step's top-k. Through an endpoint it is one
-//! `/v1/chat/completions` with `logprobs` + `top_logprobs` per prompt, token strings mapped back to
-//! ids. Prompts are done in file order; re-running skips the ones already stored.
+//! `/v1/chat/completions` (or with `--raw-prompts` `/v1/completions`) with `logprobs` +
+//! `top_logprobs` per prompt, token strings mapped back to ids. Prompts are done in file order; re-running skips the ones already stored.
 
 use std::io::BufRead;
 use std::path::Path;
@@ -70,83 +70,76 @@ pub fn generate_engine(
     Ok((engine.model, generated, tops))
 }
 
-/// An endpoint's chat answer, mapped to ids (`None` when a token cannot be mapped), with a
-/// reasoning model's separate reasoning text (`reasoning_content` or `reasoning`) when present.
+/// An endpoint's answer to one prompt, mapped to ids (`None` when a token cannot be mapped): the
+/// chat template's answer through `/v1/chat/completions`, with a reasoning model's separate
+/// reasoning text (`reasoning_content` or `reasoning`) when present, or with `raw` the prompt
+/// continued as plain text through the legacy `/v1/completions`. Either way every generated token
+/// comes with its `top_logprobs`, keyed by text. At temperature 0 each greedy token must be the
+/// top-1 of its own entry; when most are not, the entries are not aligned with the tokens and the
+/// capture stops rather than store them.
 pub fn generate_endpoint(
     t: &mut crate::openai::EndpointTeacher,
     prompt: &str,
+    raw: bool,
     max_new: usize,
     k: usize,
     temperature: f32,
 ) -> Result<Option<Answer>> {
-    let body = json!({"model": t.endpoint.model, "messages": [{"role": "user", "content": prompt}],
-                      "max_tokens": max_new, "temperature": temperature, "logprobs": true,
-                      "top_logprobs": k.min(20)});
-    let v = t.endpoint.post("/v1/chat/completions", &body)?;
-    let Some(content) = v["choices"][0]["logprobs"]["content"].as_array() else {
-        bail!(
-            "{}: the chat response has no logprobs.content (the endpoint does not return chat logprobs)",
-            t.endpoint.base
-        )
-    };
-    let (mut ids, mut tops) = (Vec::new(), Vec::new());
-    for c in content {
-        let Some(id) = c["token"].as_str().and_then(|s| t.id_of(s)) else { return Ok(None) };
-        ids.push(id);
-        let entries: Vec<(String, f32)> = c["top_logprobs"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|e| Some((e["token"].as_str()?.to_string(), e["logprob"].as_f64()? as f32)))
-                    .collect()
-            })
-            .unwrap_or_default();
-        tops.push(t.entries_to_topk(&entries, k));
-    }
-    let reasoning = crate::openai::reasoning(&v["choices"][0]["message"]).map(|(_, r)| r.to_string());
-    Ok(Some(Answer { prompt: Vec::new(), generated: ids, tops, reasoning }))
-}
-
-/// `--raw-prompts` through an endpoint: the prompt continued as plain text (no chat template) by
-/// the legacy `/v1/completions`, each generated token with its `top_logprobs` (keyed by text, as
-/// llama.cpp's and vLLM's servers return them). At temperature 0 every generated token must be
-/// its own entry's top-1; when most are not, the entries are not aligned with the tokens and the
-/// capture stops rather than store them.
-pub fn generate_endpoint_raw(
-    t: &mut crate::openai::EndpointTeacher,
-    prompt: &str,
-    max_new: usize,
-    k: usize,
-    temperature: f32,
-) -> Result<Option<Answer>> {
-    let body = json!({"model": t.endpoint.model, "prompt": prompt, "max_tokens": max_new,
-                      "temperature": temperature, "logprobs": k.min(20)});
-    let v = t.endpoint.post("/v1/completions", &body)?;
-    let lp = &v["choices"][0]["logprobs"];
-    let (Some(tokens), Some(tops_v)) = (lp["tokens"].as_array(), lp["top_logprobs"].as_array()) else {
-        bail!(
-            "{}: /v1/completions returned no logprobs.tokens / top_logprobs (the endpoint does not return completion \
-             logprobs); capture raw prompts with the teacher in process, or drop --raw-prompts",
-            t.endpoint.base
-        )
+    // (token text, its top-k entries) per generated token.
+    type Steps = Vec<(Option<String>, Vec<(String, f32)>)>;
+    let text = |v: &Value| v.as_str().map(str::to_string);
+    let (steps, reasoning): (Steps, Option<String>) = if raw {
+        let body = json!({"model": t.endpoint.model, "prompt": prompt, "max_tokens": max_new,
+                          "temperature": temperature, "logprobs": k.min(20)});
+        let v = t.endpoint.post("/v1/completions", &body)?;
+        let lp = &v["choices"][0]["logprobs"];
+        let (Some(tokens), Some(tops)) = (lp["tokens"].as_array(), lp["top_logprobs"].as_array()) else {
+            bail!(
+                "{}: /v1/completions returned no logprobs.tokens / top_logprobs (the endpoint does not return \
+                 completion logprobs); capture raw prompts with the teacher in process, or drop --raw-prompts",
+                t.endpoint.base
+            )
+        };
+        let steps =
+            tokens.iter().zip(tops).map(|(tok, top)| (text(tok), crate::openai::parse_top(top).unwrap_or_default()));
+        (steps.collect(), None)
+    } else {
+        let body = json!({"model": t.endpoint.model, "messages": [{"role": "user", "content": prompt}],
+                          "max_tokens": max_new, "temperature": temperature, "logprobs": true,
+                          "top_logprobs": k.min(20)});
+        let v = t.endpoint.post("/v1/chat/completions", &body)?;
+        let Some(content) = v["choices"][0]["logprobs"]["content"].as_array() else {
+            bail!(
+                "{}: the chat response has no logprobs.content (the endpoint does not return chat logprobs)",
+                t.endpoint.base
+            )
+        };
+        let entries = |c: &Value| -> Vec<(String, f32)> {
+            c["top_logprobs"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|e| Some((text(&e["token"])?, e["logprob"].as_f64()? as f32))).collect())
+                .unwrap_or_default()
+        };
+        let steps = content.iter().map(|c| (text(&c["token"]), entries(c))).collect();
+        (steps, crate::openai::reasoning(&v["choices"][0]["message"]).map(|(_, r)| r.to_string()))
     };
     let (mut ids, mut tops, mut greedy_first) = (Vec::new(), Vec::new(), 0);
-    for (tok, top) in tokens.iter().zip(tops_v) {
-        let Some(id) = tok.as_str().and_then(|s| t.id_of(s)) else { return Ok(None) };
-        let entries = crate::openai::parse_top(top).unwrap_or_default();
-        greedy_first += usize::from(entries.first().is_some_and(|(s, _)| Some(s.as_str()) == tok.as_str()));
+    for (tok, entries) in &steps {
+        let Some((tok, id)) = tok.as_deref().and_then(|s| Some((s, t.id_of(s)?))) else { return Ok(None) };
+        let best = entries.iter().map(|e| e.1).fold(f32::NEG_INFINITY, f32::max);
+        greedy_first += usize::from(entries.iter().any(|(s, l)| s == tok && *l >= best));
         ids.push(id);
-        tops.push(t.entries_to_topk(&entries, k));
+        tops.push(t.entries_to_topk(entries, k));
     }
     if temperature == 0.0 && ids.len() >= 4 && greedy_first * 2 < ids.len() {
         bail!(
             "{}: only {greedy_first} of {} greedy tokens are the top-1 of their own top_logprobs entry: the entries are \
-             not aligned with the generated tokens; capture raw prompts with the teacher in process",
+             not aligned with the generated tokens; capture with the teacher in process",
             t.endpoint.base,
             ids.len()
         );
     }
-    Ok(Some(Answer { prompt: Vec::new(), generated: ids, tops, reasoning: None }))
+    Ok(Some(Answer { prompt: Vec::new(), generated: ids, tops, reasoning }))
 }
 
 /// A teacher's answer to one prompt.

@@ -83,17 +83,21 @@ impl Rows<'_> {
         self.len() == 0
     }
 
-    /// Rows `j0..j0 + n` of a layout with row stride `ld`, columns `off..off + w`, as f32.
-    ///
-    /// # Shapes
-    /// dst: [n, w]
-    pub fn gather(&self, dst: &mut [f32], j0: usize, n: usize, ld: usize, off: usize, w: usize) {
-        for (i, d) in dst[..n * w].chunks_exact_mut(w).enumerate() {
-            let at = (j0 + i) * ld + off;
-            match self {
-                Rows::F32(v) => d.copy_from_slice(&v[at..at + w]),
-                Rows::F16(v) => crate::simd::f16_to_f32(d, &v[at..at + w]),
+    /// Rows `0..s` of a layout with row stride `ld`, columns `off..off + w`, widened to f32 in
+    /// panels of [`PANEL`] positions that stay in L2: `f(j0, panel)` with panel [nb, w] holding
+    /// rows `j0..j0 + nb`.
+    fn panels(&self, s: usize, ld: usize, off: usize, w: usize, mut f: impl FnMut(usize, &[f32])) {
+        let mut panel = vec![0f32; PANEL.min(s) * w];
+        for j0 in (0..s).step_by(PANEL) {
+            let nb = PANEL.min(s - j0);
+            for (i, d) in panel[..nb * w].chunks_exact_mut(w).enumerate() {
+                let at = (j0 + i) * ld + off;
+                match self {
+                    Rows::F32(v) => d.copy_from_slice(&v[at..at + w]),
+                    Rows::F16(v) => crate::simd::f16_to_f32(d, &v[at..at + w]),
+                }
             }
+            f(j0, &panel[..nb * w]);
         }
     }
 
@@ -301,15 +305,10 @@ pub fn attend_blocked(
             Keys::Rows(Rows::F32(kc)) => {
                 crate::simd::matmul_nt_acc(&mut sc, s, &a, dk, &kc[kvh * dk..], hkv * dk, rows, dk, s)
             }
-            Keys::Rows(kc @ Rows::F16(_)) => {
-                // Panels of keys widened to f32 [nb, dk], each against every row of `a`.
-                let mut panel = vec![0f32; PANEL.min(s) * dk];
-                for j0 in (0..s).step_by(PANEL) {
-                    let nb = PANEL.min(s - j0);
-                    kc.gather(&mut panel, j0, nb, hkv * dk, kvh * dk, dk);
-                    crate::simd::matmul_nt_acc(&mut sc[j0..], s, &a, dk, &panel, dk, rows, dk, nb);
-                }
-            }
+            // f16 keys in widened panels, each against every row of `a`.
+            Keys::Rows(kc @ Rows::F16(_)) => kc.panels(s, hkv * dk, kvh * dk, dk, |j0, p| {
+                crate::simd::matmul_nt_acc(&mut sc[j0..], s, &a, dk, p, dk, rows, dk, p.len() / dk)
+            }),
             Keys::Columns { data, n } => {
                 // In column blocks whose keys stay in L2 while every row of `a` passes.
                 const KB: usize = 512;
@@ -328,14 +327,9 @@ pub fn attend_blocked(
             Rows::F32(vc) => {
                 crate::simd::matmul_acc_strided(&mut ob, dv, &sc, s, &vc[kvh * dv..], hkv * dv, rows, s, dv)
             }
-            Rows::F16(_) => {
-                let mut panel = vec![0f32; PANEL.min(s) * dv];
-                for j0 in (0..s).step_by(PANEL) {
-                    let nb = PANEL.min(s - j0);
-                    vc.gather(&mut panel, j0, nb, hkv * dv, kvh * dv, dv);
-                    crate::simd::matmul_acc_strided(&mut ob, dv, &sc[j0..], s, &panel, dv, rows, nb, dv);
-                }
-            }
+            Rows::F16(_) => vc.panels(s, hkv * dv, kvh * dv, dv, |j0, p| {
+                crate::simd::matmul_acc_strided(&mut ob, dv, &sc[j0..], s, p, dv, rows, p.len() / dv, dv)
+            }),
         }
         for i in 0..nq {
             // SAFETY: query t0 + i's heads kvh·G.. belong to this task alone.

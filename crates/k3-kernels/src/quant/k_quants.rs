@@ -322,7 +322,8 @@ pub fn dequantize_q8_k(b: &[u8], out: &mut [f32]) {
     }
 }
 
-fn q8k_parts(blk: &[u8]) -> (f32, &[u8], &[u8]) {
+/// A Q8_K block's scale, 256 codes and 16 little-endian i16 block sums (as bytes).
+pub(crate) fn q8k_parts(blk: &[u8]) -> (f32, &[u8], &[u8]) {
     (f32::from_le_bytes([blk[0], blk[1], blk[2], blk[3]]), &blk[4..4 + QK], &blk[4 + QK..])
 }
 

@@ -7,7 +7,7 @@
 //! comes from the Q8_K block sums (Σ (q − 32)·x = Σ q·x − 32·Σ x), as in ggml.
 
 use super::float::f16_at;
-use super::k_quants::{scale_min_k4, Q4K_BYTES, Q6K_BYTES, Q8K_BYTES, QK};
+use super::k_quants::{q8k_parts, scale_min_k4, Q4K_BYTES, Q6K_BYTES, Q8K_BYTES};
 
 /// Dispatch: AVX2 when the CPU has it (and `K3MINI_ISA` allows it), else the scalar reference.
 pub fn vec_dot_q4_k(w: &[u8], x: &[u8]) -> f32 {
@@ -29,13 +29,9 @@ pub fn vec_dot_q6_k(w: &[u8], x: &[u8]) -> f32 {
     super::k_quants::vec_dot_q6_k_q8_k(w, x)
 }
 
-fn q8k_d(xb: &[u8]) -> f32 {
-    f32::from_le_bytes([xb[0], xb[1], xb[2], xb[3]])
-}
-
-fn bsum(xb: &[u8], g: usize) -> i32 {
-    let at = 4 + QK + 2 * g;
-    i16::from_le_bytes([xb[at], xb[at + 1]]) as i32
+/// Q8_K block sum `g` (of 16 codes) from the bytes [`q8k_parts`] returns.
+fn bsum(bsums: &[u8], g: usize) -> i32 {
+    i16::from_le_bytes([bsums[2 * g], bsums[2 * g + 1]]) as i32
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -60,7 +56,8 @@ mod x86 {
         let mut sum = 0f32;
         for (wb, xb) in w.chunks_exact(Q4K_BYTES).zip(x.chunks_exact(Q8K_BYTES)) {
             let (d, dmin, sc, qs) = (f16_at(&wb[0..2]), f16_at(&wb[2..4]), &wb[4..16], &wb[16..]);
-            let q8 = xb[4..4 + QK].as_ptr();
+            let (d8, q8, bs) = q8k_parts(xb);
+            let q8 = q8.as_ptr();
             let mut acc = _mm256_setzero_si256();
             let mut mins = 0i32;
             for j2 in 0..4 {
@@ -75,10 +72,10 @@ mod x86 {
                 let pa = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xa), _mm256_set1_epi16(s1 as i16));
                 let pb = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xb2), _mm256_set1_epi16(s2 as i16));
                 acc = _mm256_add_epi32(acc, _mm256_add_epi32(pa, pb));
-                mins += m1 as i32 * (bsum(xb, 4 * j2) + bsum(xb, 4 * j2 + 1))
-                    + m2 as i32 * (bsum(xb, 4 * j2 + 2) + bsum(xb, 4 * j2 + 3));
+                mins += m1 as i32 * (bsum(bs, 4 * j2) + bsum(bs, 4 * j2 + 1))
+                    + m2 as i32 * (bsum(bs, 4 * j2 + 2) + bsum(bs, 4 * j2 + 3));
             }
-            sum += q8k_d(xb) * (d * hsum_i32(acc) as f32 - dmin * mins as f32);
+            sum += d8 * (d * hsum_i32(acc) as f32 - dmin * mins as f32);
         }
         sum
     }
@@ -91,28 +88,21 @@ mod x86 {
         let mut sum = 0f32;
         for (wb, xb) in w.chunks_exact(Q6K_BYTES).zip(x.chunks_exact(Q8K_BYTES)) {
             let (ql, qh, sc) = (wb[0..128].as_ptr(), wb[128..192].as_ptr(), &wb[192..208]);
-            let q8 = xb[4..4 + QK].as_ptr();
+            let (d8, q8, bs) = q8k_parts(xb);
+            let q8 = q8.as_ptr();
             let mut acc = _mm256_setzero_si256();
             for h in 0..2 {
                 // 32 positions i of each quarter of this half: codes (6 bits, unsigned).
                 let a = _mm256_loadu_si256(ql.add(64 * h) as *const __m256i);
                 let b = _mm256_loadu_si256(ql.add(64 * h + 32) as *const __m256i);
                 let hb = _mm256_loadu_si256(qh.add(32 * h) as *const __m256i);
-                let high = |shift: i32| -> __m256i {
-                    // ((hb >> shift) & 3) << 4, per byte (16-bit shifts, then the byte mask).
-                    let v = match shift {
-                        0 => hb,
-                        2 => _mm256_srli_epi16::<2>(hb),
-                        4 => _mm256_srli_epi16::<4>(hb),
-                        _ => _mm256_srli_epi16::<6>(hb),
-                    };
-                    _mm256_slli_epi16::<4>(_mm256_and_si256(v, m2))
-                };
+                // ((hb >> 2i) & 3) << 4 per byte (16-bit shifts, then the byte mask).
+                let high = |v: __m256i| _mm256_slli_epi16::<4>(_mm256_and_si256(v, m2));
                 let codes = [
-                    _mm256_or_si256(_mm256_and_si256(a, m4), high(0)),
-                    _mm256_or_si256(_mm256_and_si256(b, m4), high(2)),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(a), m4), high(4)),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(b), m4), high(6)),
+                    _mm256_or_si256(_mm256_and_si256(a, m4), high(hb)),
+                    _mm256_or_si256(_mm256_and_si256(b, m4), high(_mm256_srli_epi16::<2>(hb))),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(a), m4), high(_mm256_srli_epi16::<4>(hb))),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(b), m4), high(_mm256_srli_epi16::<6>(hb))),
                 ];
                 for (quarter, q) in codes.iter().enumerate() {
                     // Elements 128h + 32·quarter .. +32: sub-blocks g and g + 1 of 16.
@@ -124,8 +114,8 @@ mod x86 {
                     acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(*q, xv), scales));
                 }
             }
-            let offset: i32 = (0..16).map(|g| sc[g] as i8 as i32 * bsum(xb, g)).sum::<i32>() * 32;
-            sum += f16_at(&wb[208..210]) * q8k_d(xb) * (hsum_i32(acc) - offset) as f32;
+            let offset: i32 = (0..16).map(|g| sc[g] as i8 as i32 * bsum(bs, g)).sum::<i32>() * 32;
+            sum += f16_at(&wb[208..210]) * d8 * (hsum_i32(acc) - offset) as f32;
         }
         sum
     }
