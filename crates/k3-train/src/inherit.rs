@@ -163,8 +163,12 @@ mod tests {
         let cfg = k3_config::presets::preset("tiny", Some(64)).expect("preset");
         let model = Model::init(&cfg, 0, Device::Cpu).expect("init");
         let d = cfg.hidden_size();
-        let teacher = Tensor::randn([64, d as i64], (Kind::Float, Device::Cpu));
-        let head = Tensor::randn([64, d as i64], (Kind::Float, Device::Cpu));
+        let (teacher, head) = crate::with_seed(1, || {
+            (
+                Tensor::randn([64, d as i64], (Kind::Float, Device::Cpu)),
+                Tensor::randn([64, d as i64], (Kind::Float, Device::Cpu)),
+            )
+        });
         let (e, h) = (
             Vec::<f32>::try_from(&teacher.flatten(0, -1)).expect("f32"),
             Vec::<f32>::try_from(&head.flatten(0, -1)).expect("f32"),
@@ -187,7 +191,8 @@ mod tests {
         let model = Model::init(&cfg, 0, Device::Cpu).expect("init");
         let (d, ls) = (cfg.hidden_size() as i64, cfg.num_layers());
         let f = model.vs.variables()["model.layers.0.mlp.gate_proj.weight"].size()[0];
-        let rand = |r: i64, c: i64| Tensor::randn([r, c], (Kind::Float, Device::Cpu));
+        let rand =
+            |r: i64, c: i64| crate::with_seed(r * 1000 + c, || Tensor::randn([r, c], (Kind::Float, Device::Cpu)));
         let flat = |t: &Tensor| Vec::<f32>::try_from(&t.flatten(0, -1)).expect("f32");
         let e = flat(&rand(64, d));
         let r = inherit_embeddings(&model, &e, &e, d as usize).expect("embeddings");
@@ -235,8 +240,10 @@ mod tests {
         let cfg = k3_config::presets::preset("tiny", Some(64)).expect("preset");
         let model = Model::init(&cfg, 0, Device::Cpu).expect("init");
         let d = cfg.hidden_size() as i64;
-        let low = Tensor::randn([64, 3], (Kind::Float, Device::Cpu))
-            .matmul(&Tensor::randn([3, 2 * d], (Kind::Float, Device::Cpu)));
+        let low = crate::with_seed(3, || {
+            Tensor::randn([64, 3], (Kind::Float, Device::Cpu))
+                .matmul(&Tensor::randn([3, 2 * d], (Kind::Float, Device::Cpu)))
+        });
         let e = Vec::<f32>::try_from(&low.flatten(0, -1)).expect("f32");
         let r = inherit_embeddings(&model, &e, &e, 2 * d as usize).expect("inherit");
         assert!(r.energy_kept > 1.0 - 1e-6, "kept {}", r.energy_kept);

@@ -239,15 +239,16 @@ mod tests {
     use tch::Device;
 
     fn inputs(b: i64, t: i64, h: i64, kd: i64, vd: i64, kind: Kind, seed: i64) -> [Tensor; 6] {
-        tch::manual_seed(seed);
-        let o = (kind, Device::Cpu);
-        let q = Tensor::randn([b, t, h, kd], o);
-        let k = crate::nn::l2norm(&Tensor::randn([b, t, h, kd], o), 1e-6);
-        let v = Tensor::randn([b, t, h, vd], o);
-        let g = -(Tensor::rand([b, t, h, kd], o) * 0.5);
-        let beta = Tensor::rand([b, t, h], o);
-        let s0 = Tensor::randn([b, h, kd, vd], o) * 0.1;
-        [q, k, v, g, beta, s0]
+        crate::with_seed(seed, || {
+            let o = (kind, Device::Cpu);
+            let q = Tensor::randn([b, t, h, kd], o);
+            let k = crate::nn::l2norm(&Tensor::randn([b, t, h, kd], o), 1e-6);
+            let v = Tensor::randn([b, t, h, vd], o);
+            let g = -(Tensor::rand([b, t, h, kd], o) * 0.5);
+            let beta = Tensor::rand([b, t, h], o);
+            let s0 = Tensor::randn([b, h, kd, vd], o) * 0.1;
+            [q, k, v, g, beta, s0]
+        })
     }
 
     fn max_abs(a: &Tensor, b: &Tensor) -> f64 {
@@ -335,8 +336,12 @@ mod tests {
         let g = g * scale;
         let gc = g.transpose(1, 2).constant_pad_nd([0, 0, 0, chunk - 21]).reshape([1, 2, 1, chunk, 4]).cumsum(-2, None);
         assert_eq!(intra_path(&gc), path, "chunk {chunk} decay x{scale}");
-        let w_o = Tensor::randn([1, 21, 2, 3], (Kind::Double, Device::Cpu));
-        let w_s = Tensor::randn([1, 2, 4, 3], (Kind::Double, Device::Cpu));
+        let (w_o, w_s) = crate::with_seed(12, || {
+            (
+                Tensor::randn([1, 21, 2, 3], (Kind::Double, Device::Cpu)),
+                Tensor::randn([1, 2, 4, 3], (Kind::Double, Device::Cpu)),
+            )
+        });
         let loss_rec = |x: &[Tensor; 6]| {
             let (o, s) = kda_recurrent(&x[0], &x[1], &x[2], &x[3], &x[4], Some(&x[5]));
             ((o * &w_o).sum(Kind::Double) + (s * &w_s).sum(Kind::Double)).double_value(&[])

@@ -40,3 +40,15 @@ pub enum Error {
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// libtorch draws from one process-wide CPU generator. Every seeded draw (a model's
+/// initialisation, a test's inputs) runs inside this lock, so another thread cannot draw between
+/// the seeding and the drawing and make a "deterministic" result depend on timing. Tests that
+/// draw without caring about the seed take the lock too, for the same reason.
+pub fn with_seed<T>(seed: i64, f: impl FnOnce() -> T) -> T {
+    static TORCH_RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    // A panic while holding the lock leaves nothing to repair: the generator is reseeded below.
+    let _held = TORCH_RNG.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    tch::manual_seed(seed);
+    f()
+}

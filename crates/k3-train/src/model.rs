@@ -38,12 +38,11 @@ impl Model {
     /// A freshly initialised model (deterministic for a given `seed`).
     pub fn init(cfg: &ModelConfig, seed: i64, device: Device) -> Result<Self> {
         cfg.validate()?;
-        tch::manual_seed(seed);
         let vs = VarStore::new(device);
-        let net = match cfg {
+        let net = crate::with_seed(seed, || match cfg {
             ModelConfig::Kimi(c) => Net::Kimi(KimiModel::new(&vs.root(), c)),
             ModelConfig::Llama(c) => Net::Llama(LlamaModel::new(&vs.root(), c)),
-        };
+        });
         let model = Self { vs, net, config: cfg.clone() };
         model.check_contract()?;
         Ok(model)

@@ -9,8 +9,7 @@ const ALL: [Divergence; 3] = [Divergence::ForwardKl, Divergence::ReverseKl, Dive
 const POLICIES: [TailPolicy; 3] = [TailPolicy::Renormalize, TailPolicy::Ignore, TailPolicy::Uniform];
 
 fn rand(seed: i64, scale: f64) -> Tensor {
-    tch::manual_seed(seed);
-    Tensor::randn([N, V], (Kind::Float, tch::Device::Cpu)) * scale
+    crate::with_seed(seed, || Tensor::randn([N, V], (Kind::Float, tch::Device::Cpu))) * scale
 }
 
 /// Dense teacher log-probs [N, V] at temperature `tau`, and its top-k per row.
