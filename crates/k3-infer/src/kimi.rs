@@ -30,7 +30,7 @@ pub enum Ffn {
 pub enum LayerState {
     Kda(KdaState),
     /// The absorbed latent cache: [S, R + Dr].
-    Mla(Vec<f32>),
+    Mla(crate::kv::KvRows),
 }
 
 pub struct Block {
@@ -143,7 +143,7 @@ impl KimiModel {
             .iter()
             .map(|b| match &b.mixer {
                 Mixer::Kda(k) => LayerState::Kda(k.new_state()),
-                Mixer::Mla(_) => LayerState::Mla(Vec::new()),
+                Mixer::Mla(_) => LayerState::Mla(Default::default()),
             })
             .collect()
     }

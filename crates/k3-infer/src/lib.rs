@@ -13,6 +13,7 @@ pub mod engine;
 pub mod ffn;
 pub mod kda;
 pub mod kimi;
+pub mod kv;
 pub mod linear;
 pub mod llama;
 pub mod mla;

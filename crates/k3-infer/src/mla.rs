@@ -9,6 +9,7 @@ use k3_config::MlaConfig;
 use k3_kernels::threads::par_rows;
 use k3_kernels::{attention, ops, simd};
 
+use crate::kv::KvRows;
 use crate::linear::{Compute, Matrix};
 use crate::source::Source;
 use crate::Result;
@@ -141,7 +142,7 @@ impl Mla {
 
     /// # Shapes
     /// x: [T, C] (after `input_layernorm`); cache: [S, R + Dr] (grows by T) → [T, C]
-    pub fn forward(&self, x: &[f32], t: usize, cache: &mut Vec<f32>, cx: Compute) -> Vec<f32> {
+    pub fn forward(&self, x: &[f32], t: usize, cache: &mut KvRows, cx: Compute) -> Vec<f32> {
         let (h, dn, dr, dv, r) = (self.h, self.dn, self.dr, self.dv, self.r);
         let qk = dn + dr;
         let latent_eps = if cx.exact { LATENT_EPS } else { self.eps };
@@ -168,25 +169,20 @@ impl Mla {
         }; // [T, H·(Dn+Dr)]
         add_bias(&mut ckv, &self.kv_a_bias);
         let past = cache.len() / (r + dr);
-        for row in ckv.chunks_exact(r + dr) {
-            let mut c = vec![0f32; r];
-            ops::rmsnorm(&mut c, &row[..r], &self.kv_norm, latent_eps);
-            // llama.cpp keeps this cache in f16; outside exact mode we hold the same values.
-            let half = |v: &[f32]| -> Vec<f32> {
-                let mut v = v.to_vec();
-                if !cx.exact {
-                    k3_kernels::simd::round_f16_inplace(&mut v);
-                }
-                v
-            };
-            cache.extend_from_slice(&half(&c));
-            cache.extend_from_slice(&half(&row[r..])); // k_r: shared by all heads, no rotary (NoPE)
+        // Rows [RMSNorm(c_kv) ; k_r] (k_r: shared by all heads, no rotary: NoPE), in f16 as
+        // llama.cpp keeps this cache, or f32 in the exact mode.
+        for row in ckv.chunks_exact_mut(r + dr) {
+            let c = row[..r].to_vec();
+            ops::rmsnorm(&mut row[..r], &c, &self.kv_norm, latent_eps);
         }
+        cache.push(&ckv, !cx.exact);
+        let cache = cache.rows();
         let scale = 1.0 / (qk as f32).sqrt();
         let mut att = vec![0f32; t * h * dv];
         if cx.exact {
             // The reference: one query at a time, heads against the cache one after another.
             let (mut q_abs, mut q_r, mut lat) = (vec![0f32; h * r], vec![0f32; h * dr], vec![0f32; h * r]);
+            let all = cache.to_f32(); // borrowed: the exact mode keeps an f32 cache
             for tt in 0..t {
                 let qrow = &q[tt * h * qk..(tt + 1) * h * qk];
                 for hh in 0..h {
@@ -195,7 +191,7 @@ impl Mla {
                     self.k_b[hh].matvec(qn, &mut q_abs[hh * r..(hh + 1) * r], cx.single());
                     q_r[hh * dr..(hh + 1) * dr].copy_from_slice(&qrow[hh * qk + dn..(hh + 1) * qk]);
                 }
-                let visible = &cache[..(past + tt + 1) * (r + dr)]; // causal
+                let visible = &all[..(past + tt + 1) * (r + dr)]; // causal
                 attention::mla_attend(&mut lat, &q_abs, &q_r, visible, r, dr, scale, false, cx.threads);
                 for hh in 0..h {
                     self.v_b[hh].matvec(
@@ -209,36 +205,57 @@ impl Mla {
             // Long prefill: keys and values per head from the latent cache, then ordinary
             // attention with Dn + Dr-wide keys and Dv-wide values (fewer products per query-key
             // pair than in latent space, once the prompt is long enough to repay the expansion).
+            // One head at a time, so the expanded keys and values held are one head's (at 32K
+            // positions ~42 MB instead of ~335 MB for all eight of the bench model's heads).
             let s = past + t;
             let w = r + dr;
-            // The cache transposed, [R + Dr, S]: keys come out per head as columns, [Dn + Dr, S]
+            // The cache transposed, [R + Dr, S]: a head's keys come out as columns, [Dn + Dr, S]
             // (k_nope = W_uk c, then k_r shared by every head), so scores are a plain A·B product.
             let mut ct = vec![0f32; w * s];
-            for (j, row) in cache[..s * w].chunks_exact(w).enumerate() {
+            let mut row = vec![0f32; w];
+            for j in 0..s {
+                cache.widen(j * w, &mut row);
                 for (c, &x) in row.iter().enumerate() {
                     ct[c * s + j] = x;
                 }
             }
-            let mut kt = vec![0f32; h * qk * s]; // [H, Dn + Dr, S]
-            par_rows(&mut kt, qk * s, cx.threads, |h0, block| {
-                for (i, kh) in block.chunks_exact_mut(qk * s).enumerate() {
-                    let wk = &self.k_up[(h0 + i) * dn * r..(h0 + i + 1) * dn * r];
-                    simd::matmul_acc_strided(kh, s, wk, r, &ct, s, dn, r, s);
-                    kh[dn * s..].copy_from_slice(&ct[r * s..]);
+            let (mut kt, mut vc) = (vec![0f32; qk * s], vec![0f32; s * dv]); // [Dn + Dr, S], [S, Dv]
+            let (mut qh, mut oh) = (vec![0f32; t * qk], vec![0f32; t * dv]); // [T, Dn + Dr], [T, Dv]
+            for hh in 0..h {
+                kt.fill(0.0);
+                let wk = &self.k_up[hh * dn * r..(hh + 1) * dn * r];
+                par_rows(&mut kt[..dn * s], s, cx.threads, |d0, band| {
+                    let rows = band.len() / s;
+                    simd::matmul_acc_strided(band, s, &wk[d0 * r..], r, &ct, s, rows, r, s);
+                });
+                kt[dn * s..].copy_from_slice(&ct[r * s..]);
+                vc.fill(0.0);
+                let wv = &self.v_up[hh * r * dv..(hh + 1) * r * dv];
+                par_rows(&mut vc, dv, cx.threads, |s0, band| {
+                    let rows = band.len() / dv;
+                    let mut lat = vec![0f32; rows * w];
+                    cache.widen(s0 * w, &mut lat);
+                    simd::matmul_acc_strided(band, dv, &lat, w, wv, dv, rows, r, dv);
+                });
+                for (tt, dst) in qh.chunks_exact_mut(qk).enumerate() {
+                    dst.copy_from_slice(&q[(tt * h + hh) * qk..(tt * h + hh + 1) * qk]);
                 }
-            });
-            let vw = h * dv;
-            let mut vc = vec![0f32; s * vw]; // [S, H, Dv]
-            par_rows(&mut vc, vw, cx.threads, |s0, band| {
-                let rows = band.len() / vw;
-                for hh in 0..h {
-                    let wv = &self.v_up[hh * r * dv..(hh + 1) * r * dv];
-                    simd::matmul_acc_strided(&mut band[hh * dv..], vw, &cache[s0 * w..], w, wv, dv, rows, r, dv);
+                let heads = attention::Heads { hq: 1, hkv: 1, dk: qk, dv };
+                let keys = attention::Keys::Columns { data: &kt, n: s };
+                attention::attend_blocked(
+                    &mut oh,
+                    &qh,
+                    keys,
+                    attention::Rows::F32(&vc),
+                    heads,
+                    past,
+                    false,
+                    cx.threads,
+                );
+                for (tt, src) in oh.chunks_exact(dv).enumerate() {
+                    att[(tt * h + hh) * dv..(tt * h + hh + 1) * dv].copy_from_slice(src);
                 }
-            });
-            let heads = attention::Heads { hq: h, hkv: h, dk: qk, dv };
-            let keys = attention::Keys::Columns { data: &kt, n: s };
-            attention::attend_blocked(&mut att, &q, keys, attention::Rows::F32(&vc), heads, past, false, cx.threads);
+            }
         } else {
             // q̃ = W_ukᵀ q_nope for every token of a head at once: [T, Dn] · k_bᵀ → [T, R].
             let mut qabs = vec![0f32; t * h * r]; // [T, H, R]
@@ -268,11 +285,10 @@ impl Mla {
                         qb[dst + r..dst + r + dr].copy_from_slice(&q[src..src + dr]);
                     }
                 }
-                let visible = &cache[..(past + t0 + nq) * (r + dr)];
                 attention::mla_attend_block(
                     &mut lat[t0 * h * r..(t0 + nq) * h * r],
                     &qb[..nq * h * (r + dr)],
-                    visible,
+                    cache,
                     h,
                     r,
                     dr,

@@ -30,15 +30,15 @@ pub struct SeqState {
 }
 
 impl SeqState {
-    /// Bytes of inference state held (KDA state + conv tail and MLA latent cache in f32, the KV
-    /// cache in its own type).
+    /// Bytes of inference state held (KDA state and conv tail in f32, the MLA latent cache and the
+    /// KV cache in their own type).
     pub fn bytes(&self) -> usize {
         match &self.layers {
             SeqLayers::Kimi(ls) => ls
                 .iter()
                 .map(|l| match l {
                     LayerState::Kda(k) => 4 * (k.conv.len() + k.s.len()),
-                    LayerState::Mla(c) => 4 * c.len(),
+                    LayerState::Mla(c) => c.bytes(),
                 })
                 .sum::<usize>(),
             SeqLayers::Llama(ls) => ls.iter().map(|c| c.k.bytes() + c.v.bytes()).sum(),

@@ -1,9 +1,10 @@
 //! Absorbed MLA attention for one decode token at the 370M bench shape (8 heads, kv_lora 256,
 //! rope 64): the per-head reference loop (`mla_attend`) against the block form the engine runs
-//! (`mla_attend_block`), at several cache lengths, both timed in the same run (median of 7).
+//! (`mla_attend_block`) over an f32 cache and over an f16 one (the engine's default), at several
+//! cache lengths, all timed in the same run (median of 7).
 //!
 //!   cargo run --release -p k3-kernels --example mla_attend_speed [THREADS]
-use k3_kernels::attention::{mla_attend, mla_attend_block};
+use k3_kernels::attention::{mla_attend, mla_attend_block, Rows};
 use std::time::Instant;
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -36,13 +37,15 @@ fn main() {
             )
         };
         let per_head = time(&mut |o| mla_attend(o, &qa, &qr, &cache, r, dr, 0.1, true, threads));
-        let block = time(&mut |o| mla_attend_block(o, &qb, &cache, h, r, dr, s - 1, 0.1, true, threads));
-        let gb = (s * (r + dr) * 4) as f64 / 1e9;
+        let block = time(&mut |o| mla_attend_block(o, &qb, Rows::F32(&cache), h, r, dr, s - 1, 0.1, true, threads));
+        let bits: Vec<u16> = cache.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect();
+        let half = time(&mut |o| mla_attend_block(o, &qb, Rows::F16(&bits), h, r, dr, s - 1, 0.1, true, threads));
+        let mb = (s * (r + dr) * 4) as f64 / 1e6;
         println!(
-            "S = {s:>6}: per-head {per_head:8.3} ms, block {block:8.3} ms ({:.2}x); cache {:.0} MB, block streams it at {:.1} GB/s",
+            "S = {s:>6}: per-head {per_head:8.3} ms, block f32 {block:8.3} ms ({:.2}x), block f16 {half:8.3} ms ({:.2}x); \
+             cache {mb:.0} MB in f32",
             per_head / block,
-            gb * 1e3,
-            2.0 * gb / (block / 1e3)
+            per_head / half,
         );
     }
 }

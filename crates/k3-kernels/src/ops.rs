@@ -60,6 +60,13 @@ pub fn softmax_inplace(x: &mut [f32]) {
 /// and the sum in 16 f32 lanes, so the loops vectorise.
 pub fn softmax_scaled_fast(x: &mut [f32], scale: f32) {
     let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max) * scale;
+    let inv = 1.0 / exp_shifted_sum(x, scale, m);
+    x.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// `x_j ← e^(scale·x_j − m)` in place with [`exp_fast`], returning their sum (the unnormalised
+/// half of a softmax, for softmaxes split over several pieces).
+pub fn exp_shifted_sum(x: &mut [f32], scale: f32, m: f32) -> f32 {
     let mut lanes = [0f32; 16];
     let mut chunks = x.chunks_exact_mut(16);
     for c in &mut chunks {
@@ -73,8 +80,7 @@ pub fn softmax_scaled_fast(x: &mut [f32], scale: f32) {
         *v = exp_fast(*v * scale - m);
         sum += *v;
     }
-    let inv = 1.0 / sum;
-    x.iter_mut().for_each(|v| *v *= inv);
+    sum
 }
 
 /// e^x without a libm call: Cephes' expf (2^n · p(r), r = x − n·ln 2, |r| ≤ ln2/2, degree-6

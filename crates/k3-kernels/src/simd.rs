@@ -100,8 +100,70 @@ pub fn matmul_nt_acc(
     crate::ops::matmul_nt_acc_ref(c, ldc, a, lda, b, ldb, m, k, n)
 }
 
+/// [`matmul_acc_strided`] with B in f16 bits (an f16 attention cache's rows), widened in
+/// registers as it is loaded: the same products as on the widened B, in the same order.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_acc_strided_f16(
+    c: &mut [f32],
+    ldc: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[u16],
+    ldb: usize,
+    m: usize,
+    k: usize,
+    n: usize,
+) {
+    check("matmul_acc_f16", c, ldc, m, n);
+    check("matmul_acc_f16 A", a, lda, m, k);
+    check("matmul_acc_f16 B", b, ldb, k, n);
+    #[cfg(target_arch = "x86_64")]
+    if crate::qgemm::Isa::best() >= crate::qgemm::Isa::Avx512Vnni {
+        // SAFETY: AVX-512F/BW/VL and F16C are present (Isa::best checks them); extents checked above.
+        unsafe { x86::matmul_acc512_f16(c, ldc, a, lda, b, ldb, m, k, n) };
+        return;
+    }
+    let wide = widened(b, ldb, k, n);
+    crate::ops::matmul_acc_ref(c, ldc, a, lda, &wide, ldb, m, k, n)
+}
+
+/// [`matmul_nt_acc`] with B in f16 bits (an f16 attention cache's rows), widened in registers
+/// as it is loaded: the same products as on the widened B, in the same order.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_nt_acc_f16(
+    c: &mut [f32],
+    ldc: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[u16],
+    ldb: usize,
+    m: usize,
+    k: usize,
+    n: usize,
+) {
+    check("matmul_nt_acc_f16", c, ldc, m, n);
+    check("matmul_nt_acc_f16 A", a, lda, m, k);
+    check("matmul_nt_acc_f16 B", b, ldb, n, k);
+    #[cfg(target_arch = "x86_64")]
+    if crate::qgemm::Isa::best() >= crate::qgemm::Isa::Avx512Vnni {
+        // SAFETY: as in `matmul_acc_strided_f16`.
+        unsafe { x86::matmul_nt_acc512_f16(c, ldc, a, lda, b, ldb, m, k, n) };
+        return;
+    }
+    let wide = widened(b, ldb, n, k);
+    crate::ops::matmul_nt_acc_ref(c, ldc, a, lda, &wide, ldb, m, k, n)
+}
+
+/// The first `(rows − 1)·ld + cols` values of f16 `b` as f32 (the fallback paths' operand).
+fn widened(b: &[u16], ld: usize, rows: usize, cols: usize) -> Vec<f32> {
+    let len = if rows == 0 || cols == 0 { 0 } else { (rows - 1) * ld + cols };
+    let mut wide = vec![0f32; len];
+    f16_to_f32(&mut wide, &b[..len]);
+    wide
+}
+
 /// A strided [rows × cols] operand must fit its slice.
-fn check(what: &str, x: &[f32], ld: usize, rows: usize, cols: usize) {
+fn check<T>(what: &str, x: &[T], ld: usize, rows: usize, cols: usize) {
     assert!(cols <= ld || rows <= 1, "{what}: {cols} columns exceed the stride {ld}");
     assert!(rows == 0 || cols == 0 || x.len() >= (rows - 1) * ld + cols, "{what}: operand too short");
 }
@@ -245,15 +307,61 @@ mod x86 {
         }
     }
 
+    /// 16 values of B at element `idx` (lanes outside `mask` zero): f32, or f16 bits widened.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    unsafe fn load_b<const F16: bool>(pb: *const u8, idx: usize, mask: __mmask16) -> __m512 {
+        if F16 {
+            _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, pb.add(2 * idx) as *const i16))
+        } else {
+            _mm512_maskz_loadu_ps(mask, pb.add(4 * idx) as *const f32)
+        }
+    }
+
     /// See [`super::matmul_acc_strided`]. Extents are checked by the caller.
     #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
     pub unsafe fn matmul_acc512(
         c: &mut [f32],
         ldc: usize,
         a: &[f32],
         lda: usize,
         b: &[f32],
+        ldb: usize,
+        m: usize,
+        k: usize,
+        n: usize,
+    ) {
+        acc512::<false>(c, ldc, a, lda, b.as_ptr() as *const u8, ldb, m, k, n)
+    }
+
+    /// See [`super::matmul_acc_strided_f16`]. Extents are checked by the caller.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    pub unsafe fn matmul_acc512_f16(
+        c: &mut [f32],
+        ldc: usize,
+        a: &[f32],
+        lda: usize,
+        b: &[u16],
+        ldb: usize,
+        m: usize,
+        k: usize,
+        n: usize,
+    ) {
+        acc512::<true>(c, ldc, a, lda, b.as_ptr() as *const u8, ldb, m, k, n)
+    }
+
+    /// B (f32, or f16 bits with `F16`) at `pb`, element strides.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    unsafe fn acc512<const F16: bool>(
+        c: &mut [f32],
+        ldc: usize,
+        a: &[f32],
+        lda: usize,
+        pb: *const u8,
         ldb: usize,
         m: usize,
         k: usize,
@@ -266,26 +374,26 @@ mod x86 {
         let mut k0 = 0;
         while k0 < k {
             let kc = KC.min(k - k0);
-            panel512(c, ldc, &a[k0..], lda, &b[k0 * ldb..], ldb, m, kc, n);
+            panel512::<F16>(c, ldc, &a[k0..], lda, pb.add(k0 * ldb * if F16 { 2 } else { 4 }), ldb, m, kc, n);
             k0 += kc;
         }
     }
 
     #[allow(clippy::too_many_arguments)]
     #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn panel512(
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    unsafe fn panel512<const F16: bool>(
         c: &mut [f32],
         ldc: usize,
         a: &[f32],
         lda: usize,
-        b: &[f32],
+        pb: *const u8,
         ldb: usize,
         m: usize,
         k: usize,
         n: usize,
     ) {
-        let (pc, pa, pb) = (c.as_mut_ptr(), a.as_ptr(), b.as_ptr());
+        let (pc, pa) = (c.as_mut_ptr(), a.as_ptr());
         let mut i0 = 0;
         while i0 < m {
             let rows = (m - i0).min(8);
@@ -305,7 +413,7 @@ mod x86 {
                         }
                         for kk in 0..k {
                             let bv: [__m512; 2] =
-                                std::array::from_fn(|q| _mm512_maskz_loadu_ps(mask[q], pb.add(kk * ldb + j0 + 16 * q)));
+                                std::array::from_fn(|q| load_b::<F16>(pb, kk * ldb + j0 + 16 * q, mask[q]));
                             for r in 0..$r {
                                 let av = _mm512_set1_ps(*pa.add((i0 + r) * lda + kk));
                                 acc[r][0] = _mm512_fmadd_ps(av, bv[0], acc[r][0]);
@@ -337,13 +445,47 @@ mod x86 {
 
     /// See [`super::matmul_nt_acc`]. Extents are checked by the caller.
     #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
     pub unsafe fn matmul_nt_acc512(
         c: &mut [f32],
         ldc: usize,
         a: &[f32],
         lda: usize,
         b: &[f32],
+        ldb: usize,
+        m: usize,
+        k: usize,
+        n: usize,
+    ) {
+        nt_acc512::<false>(c, ldc, a, lda, b.as_ptr() as *const u8, ldb, m, k, n)
+    }
+
+    /// See [`super::matmul_nt_acc_f16`]. Extents are checked by the caller.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    pub unsafe fn matmul_nt_acc512_f16(
+        c: &mut [f32],
+        ldc: usize,
+        a: &[f32],
+        lda: usize,
+        b: &[u16],
+        ldb: usize,
+        m: usize,
+        k: usize,
+        n: usize,
+    ) {
+        nt_acc512::<true>(c, ldc, a, lda, b.as_ptr() as *const u8, ldb, m, k, n)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    unsafe fn nt_acc512<const F16: bool>(
+        c: &mut [f32],
+        ldc: usize,
+        a: &[f32],
+        lda: usize,
+        pb: *const u8,
         ldb: usize,
         m: usize,
         k: usize,
@@ -356,26 +498,26 @@ mod x86 {
         let mut p0 = 0;
         while p0 < n {
             let nb = NB.min(n - p0);
-            nt_panel512(&mut c[p0..], ldc, a, lda, &b[p0 * ldb..], ldb, m, k, nb);
+            nt_panel512::<F16>(&mut c[p0..], ldc, a, lda, pb.add(p0 * ldb * if F16 { 2 } else { 4 }), ldb, m, k, nb);
             p0 += nb;
         }
     }
 
     #[allow(clippy::too_many_arguments)]
     #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn nt_panel512(
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    unsafe fn nt_panel512<const F16: bool>(
         c: &mut [f32],
         ldc: usize,
         a: &[f32],
         lda: usize,
-        b: &[f32],
+        pb: *const u8,
         ldb: usize,
         m: usize,
         k: usize,
         n: usize,
     ) {
-        let (pc, pa, pb) = (c.as_mut_ptr(), a.as_ptr(), b.as_ptr());
+        let (pc, pa) = (c.as_mut_ptr(), a.as_ptr());
         let mut i0 = 0;
         while i0 < m {
             let rows = (m - i0).min(8);
@@ -389,8 +531,7 @@ mod x86 {
                         while kk < k {
                             let left = (k - kk).min(16);
                             let mk: __mmask16 = ((1u32 << left) - 1) as u16;
-                            let bv: [__m512; $c] =
-                                std::array::from_fn(|q| _mm512_maskz_loadu_ps(mk, pb.add((j0 + q) * ldb + kk)));
+                            let bv: [__m512; $c] = std::array::from_fn(|q| load_b::<F16>(pb, (j0 + q) * ldb + kk, mk));
                             for r in 0..$r {
                                 let av = _mm512_maskz_loadu_ps(mk, pa.add((i0 + r) * lda + kk));
                                 for q in 0..$c {
@@ -555,6 +696,9 @@ mod x86 {
         fn matmul_acc_matches_the_loops() {
             let mut rng = Rng::new(12);
             let close = |g: f32, w: f32, k: usize| (g - w).abs() <= 1e-5 * (1.0 + w.abs()) * (k as f32).sqrt();
+            let halves = |x: &[f32]| x.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect::<Vec<u16>>();
+            let widen = |x: &[u16]| x.iter().map(|&h| half::f16::from_bits(h).to_f32()).collect::<Vec<f32>>();
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
             for &(m, k, n) in
                 &[(1, 1, 1), (3, 5, 17), (4, 128, 128), (7, 33, 70), (64, 64, 128), (9, 16, 200), (13, 320, 37)]
             {
@@ -582,6 +726,22 @@ mod x86 {
                 super::super::matmul_nt_acc(&mut s2, ldc, &ap, lda, &btp, ldbt, m, k, n);
                 let mut w2 = pad(&c0, m, n, ldc);
                 crate::ops::matmul_nt_acc_ref(&mut w2, ldc, &ap, lda, &btp, ldbt, m, k, n);
+                // B in f16: the same products, in the same order, as on the widened B.
+                let (bh, bth) = (halves(&bp), halves(&btp));
+                let (bw, btw) = (widen(&bh), widen(&bth));
+                let (mut h1, mut h2, mut f1, mut f2) =
+                    (pad(&c0, m, n, ldc), pad(&c0, m, n, ldc), pad(&c0, m, n, ldc), pad(&c0, m, n, ldc));
+                super::super::matmul_acc_strided_f16(&mut h1, ldc, &ap, lda, &bh, ldb, m, k, n);
+                super::super::matmul_nt_acc_f16(&mut h2, ldc, &ap, lda, &bth, ldbt, m, k, n);
+                super::super::matmul_acc_strided(&mut f1, ldc, &ap, lda, &bw, ldb, m, k, n);
+                super::super::matmul_nt_acc(&mut f2, ldc, &ap, lda, &btw, ldbt, m, k, n);
+                assert_eq!(bits(&h1), bits(&f1), "f16 B [{m}x{k}x{n}]");
+                assert_eq!(bits(&h2), bits(&f2), "f16 Bt [{m}x{k}x{n}]");
+                let mut w3 = pad(&c0, m, n, ldc);
+                crate::ops::matmul_nt_acc_ref(&mut w3, ldc, &ap, lda, &btw, ldbt, m, k, n);
+                for (i, (g, w)) in h2.iter().zip(&w3).enumerate() {
+                    assert!(close(*g, *w, k), "f16 Bt vs loops [{m}x{k}x{n}] {i}: {g} vs {w}");
+                }
                 for r in 0..m {
                     for j in 0..ldc {
                         let i = r * ldc + j;

@@ -1,52 +1,8 @@
-//! Softmax attention over a cache: MLA in its absorbed (latent, MQA) form and GQA for Llama.
+//! Softmax attention over a cache: GQA for Llama (here) and MLA in its absorbed (latent, MQA)
+//! form ([`mla`]).
 
-/// Absorbed MLA for one query token (architecture.md §2(a)): for each head,
-/// `score_j = (q̃ · c_j + q_r · k_r_j) · scale`, `out = Σ_j softmax(score)_j · c_j` (in latent space).
-///
-/// With `f16_kq`, the query is rounded to f16 before the scores and the probabilities before the
-/// weighted sum, as llama.cpp's (non-flash) attention does against its f16 cache; the cache rows
-/// then hold f16-representable values.
-///
-/// # Shapes
-/// q_abs: [H, R]; q_r: [H, Dr]; cache: [S, R + Dr] rows `[c_j ; k_r_j]`; out: [H, R]
-#[allow(clippy::too_many_arguments)]
-pub fn mla_attend_ref(
-    out: &mut [f32],
-    q_abs: &[f32],
-    q_r: &[f32],
-    cache: &[f32],
-    r: usize,
-    dr: usize,
-    scale: f32,
-    f16_kq: bool,
-) {
-    let h = q_abs.len() / r;
-    let s = cache.len() / (r + dr);
-    let mut scores = vec![0f32; s];
-    let round = |v: &[f32]| -> Vec<f32> {
-        let mut v = v.to_vec();
-        if f16_kq {
-            crate::simd::round_f16_inplace(&mut v);
-        }
-        v
-    };
-    for hh in 0..h {
-        let (qa, qr) = (round(&q_abs[hh * r..(hh + 1) * r]), round(&q_r[hh * dr..(hh + 1) * dr]));
-        for (j, sc) in scores.iter_mut().enumerate() {
-            let row = &cache[j * (r + dr)..(j + 1) * (r + dr)];
-            *sc = (crate::ops::dot(&qa, &row[..r]) + crate::ops::dot(&qr, &row[r..])) * scale;
-        }
-        crate::ops::softmax_inplace(&mut scores);
-        if f16_kq {
-            crate::simd::round_f16_inplace(&mut scores);
-        }
-        let o = &mut out[hh * r..(hh + 1) * r];
-        o.iter_mut().for_each(|x| *x = 0.0);
-        for (j, &p) in scores.iter().enumerate() {
-            crate::ops::axpy(o, p, &cache[j * (r + dr)..j * (r + dr) + r]);
-        }
-    }
-}
+mod mla;
+pub use mla::{mla_attend, mla_attend_block, mla_attend_ref};
 
 /// A raw output pointer for tasks that write disjoint rows.
 #[derive(Clone, Copy)]
@@ -63,7 +19,7 @@ impl OutPtr {
 }
 
 /// The rows of an attention cache: f32, or f16 bits (llama.cpp's cache type: a decode step
-/// streams half the bytes). Kernels read f16 rows by widening panels of them into f32.
+/// streams half the bytes). The products widen f16 rows in registers as they load them.
 #[derive(Debug, Clone, Copy)]
 pub enum Rows<'a> {
     F32(&'a [f32]),
@@ -83,21 +39,11 @@ impl Rows<'_> {
         self.len() == 0
     }
 
-    /// Rows `0..s` of a layout with row stride `ld`, columns `off..off + w`, widened to f32 in
-    /// panels of [`PANEL`] positions that stay in L2: `f(j0, panel)` with panel [nb, w] holding
-    /// rows `j0..j0 + nb`.
-    fn panels(&self, s: usize, ld: usize, off: usize, w: usize, mut f: impl FnMut(usize, &[f32])) {
-        let mut panel = vec![0f32; PANEL.min(s) * w];
-        for j0 in (0..s).step_by(PANEL) {
-            let nb = PANEL.min(s - j0);
-            for (i, d) in panel[..nb * w].chunks_exact_mut(w).enumerate() {
-                let at = (j0 + i) * ld + off;
-                match self {
-                    Rows::F32(v) => d.copy_from_slice(&v[at..at + w]),
-                    Rows::F16(v) => crate::simd::f16_to_f32(d, &v[at..at + w]),
-                }
-            }
-            f(j0, &panel[..nb * w]);
+    /// Values `at..at + dst.len()` as f32.
+    pub fn widen(&self, at: usize, dst: &mut [f32]) {
+        match self {
+            Rows::F32(v) => dst.copy_from_slice(&v[at..at + dst.len()]),
+            Rows::F16(v) => crate::simd::f16_to_f32(dst, &v[at..at + dst.len()]),
         }
     }
 
@@ -114,89 +60,9 @@ impl Rows<'_> {
     }
 }
 
-/// Positions per panel when f16 rows are widened for the products (a [512, 128] f32 panel is
-/// 256 KiB, inside L2).
-const PANEL: usize = 512;
-
-/// [`mla_attend_ref`] with the heads spread over `threads` pool threads.
-#[allow(clippy::too_many_arguments)]
-pub fn mla_attend(
-    out: &mut [f32],
-    q_abs: &[f32],
-    q_r: &[f32],
-    cache: &[f32],
-    r: usize,
-    dr: usize,
-    scale: f32,
-    f16_kq: bool,
-    threads: usize,
-) {
-    let h = q_abs.len() / r;
-    let s = cache.len() / (r + dr);
-    let threads = if s * h * (r + dr) < 1 << 15 { 1 } else { threads };
-    let o = OutPtr(out.as_mut_ptr());
-    crate::threads::Pool::global().run(threads, h, &|hh| {
-        // SAFETY: head hh writes only its own [R] slice.
-        let oh = unsafe { o.slice(hh * r, r) };
-        mla_attend_ref(oh, &q_abs[hh * r..(hh + 1) * r], &q_r[hh * dr..(hh + 1) * dr], cache, r, dr, scale, f16_kq);
-    });
-}
-
-/// Absorbed MLA for a block of `nq` consecutive queries at positions p0..p0+nq, all heads at once
-/// (prefill and decode): scores for every (query, head) row against the cache rows as one A·Bᵀ
-/// product, the causal softmax per row, then the probabilities times the latent rows, so the
-/// cache is streamed from memory about once per thread, in L2-sized panels, instead of twice per
-/// head per query.
-/// The same arithmetic as [`mla_attend_ref`] per row, up to the order of the sums.
-///
-/// # Shapes
-/// q: [nq, H, R + Dr] rows `[q̃ ; q_r]`; cache: [S, R + Dr] with S ≥ p0 + nq, query i seeing rows
-/// 0..=p0 + i; out: [nq, H, R]
-#[allow(clippy::too_many_arguments)]
-pub fn mla_attend_block(
-    out: &mut [f32],
-    q: &[f32],
-    cache: &[f32],
-    h: usize,
-    r: usize,
-    dr: usize,
-    p0: usize,
-    scale: f32,
-    f16_kq: bool,
-    threads: usize,
-) {
-    let w = r + dr;
-    let rows = q.len() / w;
-    let nq = rows / h;
-    let s = p0 + nq;
-    assert!(cache.len() >= s * w && out.len() >= rows * r, "mla_attend_block: cache or output too short");
-    let mut qv = q.to_vec();
-    if f16_kq {
-        crate::simd::round_f16_inplace(&mut qv);
-    }
-    let threads = if s * rows * w < 1 << 15 { 1 } else { threads.max(1) };
-    // One group of rows per thread: the products block the cache in L2-sized panels, so a
-    // bigger group streams it from memory fewer times.
-    let per = rows.div_ceil(threads).max(1);
-    let o = OutPtr(out.as_mut_ptr());
-    crate::threads::Pool::global().run(threads, rows.div_ceil(per), &|g| {
-        let (r0, r1) = (g * per, ((g + 1) * per).min(rows));
-        let mut sc = vec![0f32; (r1 - r0) * s];
-        crate::simd::matmul_nt_acc(&mut sc, s, &qv[r0 * w..], w, cache, w, r1 - r0, w, s);
-        for i in r0..r1 {
-            let row = &mut sc[(i - r0) * s..(i - r0 + 1) * s];
-            causal_probabilities(row, p0 + i / h + 1, scale, f16_kq);
-        }
-        // SAFETY: rows r0..r1 of the output belong to this task alone.
-        let oh = unsafe { o.slice(r0 * r, (r1 - r0) * r) };
-        oh.fill(0.0);
-        crate::simd::matmul_acc_strided(oh, r, &sc, s, cache, w, r1 - r0, s, r);
-    });
-}
-
 /// One row of scores → attention probabilities in place: softmax(scale · score) over the first
 /// `vis` (causally visible) positions, rounded to f16 with `f16_kq`, zero beyond.
-fn causal_probabilities(row: &mut [f32], vis: usize, scale: f32, f16_kq: bool) {
+pub(crate) fn causal_probabilities(row: &mut [f32], vis: usize, scale: f32, f16_kq: bool) {
     crate::ops::softmax_scaled_fast(&mut row[..vis], scale);
     if f16_kq {
         crate::simd::round_f16_inplace(&mut row[..vis]);
@@ -305,10 +171,9 @@ pub fn attend_blocked(
             Keys::Rows(Rows::F32(kc)) => {
                 crate::simd::matmul_nt_acc(&mut sc, s, &a, dk, &kc[kvh * dk..], hkv * dk, rows, dk, s)
             }
-            // f16 keys in widened panels, each against every row of `a`.
-            Keys::Rows(kc @ Rows::F16(_)) => kc.panels(s, hkv * dk, kvh * dk, dk, |j0, p| {
-                crate::simd::matmul_nt_acc(&mut sc[j0..], s, &a, dk, p, dk, rows, dk, p.len() / dk)
-            }),
+            Keys::Rows(Rows::F16(kc)) => {
+                crate::simd::matmul_nt_acc_f16(&mut sc, s, &a, dk, &kc[kvh * dk..], hkv * dk, rows, dk, s)
+            }
             Keys::Columns { data, n } => {
                 // In column blocks whose keys stay in L2 while every row of `a` passes.
                 const KB: usize = 512;
@@ -327,9 +192,9 @@ pub fn attend_blocked(
             Rows::F32(vc) => {
                 crate::simd::matmul_acc_strided(&mut ob, dv, &sc, s, &vc[kvh * dv..], hkv * dv, rows, s, dv)
             }
-            Rows::F16(_) => vc.panels(s, hkv * dv, kvh * dv, dv, |j0, p| {
-                crate::simd::matmul_acc_strided(&mut ob, dv, &sc[j0..], s, p, dv, rows, p.len() / dv, dv)
-            }),
+            Rows::F16(vc) => {
+                crate::simd::matmul_acc_strided_f16(&mut ob, dv, &sc, s, &vc[kvh * dv..], hkv * dv, rows, s, dv)
+            }
         }
         for i in 0..nq {
             // SAFETY: query t0 + i's heads kvh·G.. belong to this task alone.
@@ -465,7 +330,7 @@ mod tests {
         let mut rng = Rng::new(21);
         for f16 in [false, true] {
             // GQA: new queries after cached positions (a decode step, a few, more than one
-            // block of queries, more than one f16 panel of keys), 6 query heads over 2 KV heads,
+            // block of queries, more than one kernel panel of keys), 6 query heads over 2 KV heads,
             // blocked and (reference arithmetic) per pair, at 1–3 threads, over an f32 cache and
             // an f16 one holding the same (f16-representable) values.
             let (hq, hkv, d) = (6, 2, 16);
@@ -537,39 +402,6 @@ mod tests {
                         let tol = if f16 { 2e-3 } else { 1e-5 };
                         assert_close_abs(&format!("{name} dk {dk} dv {dv} T={t} x{threads}"), &got, &want, tol);
                     }
-                }
-            }
-            // MLA: 4 heads over 50 latent rows.
-            let (h, r, dr, s) = (4, 24, 8, 50);
-            let qa = rng.normals(h * r, 1.0);
-            let qr = rng.normals(h * dr, 1.0);
-            let cache = rng.normals(s * (r + dr), 1.0);
-            let (mut want, mut got) = (vec![0f32; h * r], vec![0f32; h * r]);
-            mla_attend_ref(&mut want, &qa, &qr, &cache, r, dr, 0.2, f16);
-            mla_attend(&mut got, &qa, &qr, &cache, r, dr, 0.2, f16, 2);
-            assert_close_abs("mla", &got, &want, 1e-6);
-            // The block form: 5 queries after 45 cached rows, each against its causal prefix.
-            let (nq, p0) = (5, 45);
-            let qb = rng.normals(nq * h * (r + dr), 1.0);
-            for threads in [1, 2, 3] {
-                let mut got = vec![0f32; nq * h * r];
-                mla_attend_block(&mut got, &qb, &cache, h, r, dr, p0, 0.2, f16, threads);
-                for i in 0..nq {
-                    let (mut qa, mut qr) = (vec![0f32; h * r], vec![0f32; h * dr]);
-                    for hh in 0..h {
-                        let row = &qb[(i * h + hh) * (r + dr)..(i * h + hh + 1) * (r + dr)];
-                        qa[hh * r..(hh + 1) * r].copy_from_slice(&row[..r]);
-                        qr[hh * dr..(hh + 1) * dr].copy_from_slice(&row[r..]);
-                    }
-                    let mut want = vec![0f32; h * r];
-                    mla_attend_ref(&mut want, &qa, &qr, &cache[..(p0 + i + 1) * (r + dr)], r, dr, 0.2, f16);
-                    let tol = if f16 { 2e-3 } else { 1e-5 }; // f16 rounding of p may flip on reordered sums
-                    assert_close_abs(
-                        &format!("mla block, query {i}, {threads} threads"),
-                        &got[i * h * r..(i + 1) * h * r],
-                        &want,
-                        tol,
-                    );
                 }
             }
         }
