@@ -120,7 +120,7 @@ pub fn matmul_acc_strided_f16(
     #[cfg(target_arch = "x86_64")]
     if crate::qgemm::Isa::best() >= crate::qgemm::Isa::Avx512Vnni {
         // SAFETY: AVX-512F/BW/VL and F16C are present (Isa::best checks them); extents checked above.
-        unsafe { x86::matmul_acc512_f16(c, ldc, a, lda, b, ldb, m, k, n) };
+        unsafe { x86::matmul_acc512(c, ldc, a, lda, b, ldb, m, k, n) };
         return;
     }
     let wide = widened(b, ldb, k, n);
@@ -147,7 +147,7 @@ pub fn matmul_nt_acc_f16(
     #[cfg(target_arch = "x86_64")]
     if crate::qgemm::Isa::best() >= crate::qgemm::Isa::Avx512Vnni {
         // SAFETY: as in `matmul_acc_strided_f16`.
-        unsafe { x86::matmul_nt_acc512_f16(c, ldc, a, lda, b, ldb, m, k, n) };
+        unsafe { x86::matmul_nt_acc512(c, ldc, a, lda, b, ldb, m, k, n) };
         return;
     }
     let wide = widened(b, ldb, n, k);
@@ -318,38 +318,38 @@ mod x86 {
         }
     }
 
-    /// See [`super::matmul_acc_strided`]. Extents are checked by the caller.
-    #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-    pub unsafe fn matmul_acc512(
-        c: &mut [f32],
-        ldc: usize,
-        a: &[f32],
-        lda: usize,
-        b: &[f32],
-        ldb: usize,
-        m: usize,
-        k: usize,
-        n: usize,
-    ) {
-        acc512::<false>(c, ldc, a, lda, b.as_ptr() as *const u8, ldb, m, k, n)
+    /// B's element: f32, or f16 bits widened as loaded.
+    pub trait BElem {
+        const F16: bool;
+    }
+    impl BElem for f32 {
+        const F16: bool = false;
+    }
+    impl BElem for u16 {
+        const F16: bool = true;
     }
 
-    /// See [`super::matmul_acc_strided_f16`]. Extents are checked by the caller.
+    /// See [`super::matmul_acc_strided`] and [`super::matmul_acc_strided_f16`]. Extents are
+    /// checked by the caller.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-    pub unsafe fn matmul_acc512_f16(
+    pub unsafe fn matmul_acc512<B: BElem>(
         c: &mut [f32],
         ldc: usize,
         a: &[f32],
         lda: usize,
-        b: &[u16],
+        b: &[B],
         ldb: usize,
         m: usize,
         k: usize,
         n: usize,
     ) {
-        acc512::<true>(c, ldc, a, lda, b.as_ptr() as *const u8, ldb, m, k, n)
+        let pb = b.as_ptr() as *const u8;
+        if B::F16 {
+            acc512::<true>(c, ldc, a, lda, pb, ldb, m, k, n)
+        } else {
+            acc512::<false>(c, ldc, a, lda, pb, ldb, m, k, n)
+        }
     }
 
     /// B (f32, or f16 bits with `F16`) at `pb`, element strides.
@@ -443,38 +443,27 @@ mod x86 {
         }
     }
 
-    /// See [`super::matmul_nt_acc`]. Extents are checked by the caller.
+    /// See [`super::matmul_nt_acc`] and [`super::matmul_nt_acc_f16`]. Extents are checked by
+    /// the caller.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-    pub unsafe fn matmul_nt_acc512(
+    pub unsafe fn matmul_nt_acc512<B: BElem>(
         c: &mut [f32],
         ldc: usize,
         a: &[f32],
         lda: usize,
-        b: &[f32],
+        b: &[B],
         ldb: usize,
         m: usize,
         k: usize,
         n: usize,
     ) {
-        nt_acc512::<false>(c, ldc, a, lda, b.as_ptr() as *const u8, ldb, m, k, n)
-    }
-
-    /// See [`super::matmul_nt_acc_f16`]. Extents are checked by the caller.
-    #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-    pub unsafe fn matmul_nt_acc512_f16(
-        c: &mut [f32],
-        ldc: usize,
-        a: &[f32],
-        lda: usize,
-        b: &[u16],
-        ldb: usize,
-        m: usize,
-        k: usize,
-        n: usize,
-    ) {
-        nt_acc512::<true>(c, ldc, a, lda, b.as_ptr() as *const u8, ldb, m, k, n)
+        let pb = b.as_ptr() as *const u8;
+        if B::F16 {
+            nt_acc512::<true>(c, ldc, a, lda, pb, ldb, m, k, n)
+        } else {
+            nt_acc512::<false>(c, ldc, a, lda, pb, ldb, m, k, n)
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
