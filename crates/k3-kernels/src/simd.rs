@@ -46,16 +46,42 @@ pub fn matmul_acc(c: &mut [f32], a: &[f32], b: &[f32], m: usize, k: usize, n: us
     matmul_acc_strided(c, n, a, k, b, n, m, k, n)
 }
 
-/// [`matmul_acc`] with row strides: `C[i, j] (= c[i·ldc + j]) += Σ_kk a[i·lda + kk] · b[kk·ldb + j]`.
+/// The B operand's element in [`matmul_acc_strided`] / [`matmul_nt_acc`]: f32, or f16 bits (an
+/// f16 attention cache's rows), widened in registers as it is loaded, so the products are the
+/// same, in the same order, as on the widened B.
+pub trait Elem: Copy {
+    const F16: bool;
+    /// The values as f32 (the fallback paths' operand).
+    fn widened(x: &[Self]) -> std::borrow::Cow<'_, [f32]>;
+}
+
+impl Elem for f32 {
+    const F16: bool = false;
+    fn widened(x: &[f32]) -> std::borrow::Cow<'_, [f32]> {
+        std::borrow::Cow::Borrowed(x)
+    }
+}
+
+impl Elem for u16 {
+    const F16: bool = true;
+    fn widened(x: &[u16]) -> std::borrow::Cow<'_, [f32]> {
+        let mut wide = vec![0f32; x.len()];
+        f16_to_f32(&mut wide, x);
+        std::borrow::Cow::Owned(wide)
+    }
+}
+
+/// [`matmul_acc`] with row strides: `C[i, j] (= c[i·ldc + j]) += Σ_kk a[i·lda + kk] · b[kk·ldb + j]`,
+/// B in f32 or f16 bits ([`Elem`]).
 /// AVX-512: tiles of 8 rows × 32 columns held in registers across k, so B is streamed once per
 /// 8 rows of A; else the plain loops.
 #[allow(clippy::too_many_arguments)]
-pub fn matmul_acc_strided(
+pub fn matmul_acc_strided<B: Elem>(
     c: &mut [f32],
     ldc: usize,
     a: &[f32],
     lda: usize,
-    b: &[f32],
+    b: &[B],
     ldb: usize,
     m: usize,
     k: usize,
@@ -66,23 +92,24 @@ pub fn matmul_acc_strided(
     check("matmul_acc B", b, ldb, k, n);
     #[cfg(target_arch = "x86_64")]
     if crate::qgemm::Isa::best() >= crate::qgemm::Isa::Avx512Vnni {
-        // SAFETY: AVX-512F is present (Isa::best checks it); extents checked above.
+        // SAFETY: AVX-512F/BW/VL and F16C are present (Isa::best checks them); extents checked above.
         unsafe { x86::matmul_acc512(c, ldc, a, lda, b, ldb, m, k, n) };
         return;
     }
-    crate::ops::matmul_acc_ref(c, ldc, a, lda, b, ldb, m, k, n)
+    crate::ops::matmul_acc_ref(c, ldc, a, lda, &B::widened(&b[..extent(ldb, k, n)]), ldb, m, k, n)
 }
 
 /// `C[i, j] (= c[i·ldc + j]) += Σ_kk a[i·lda + kk] · b[j·ldb + kk]`: A times B transposed, B's rows
-/// being the other operand's rows (attention scores against cache rows). AVX-512: 8 rows of A
-/// against 2 rows of B per tile, so B is streamed once per 8 rows of A; else the plain loops.
+/// being the other operand's rows (attention scores against cache rows), in f32 or f16 bits
+/// ([`Elem`]). AVX-512: 8 rows of A against 2 rows of B per tile, so B is streamed once per 8
+/// rows of A; else the plain loops.
 #[allow(clippy::too_many_arguments)]
-pub fn matmul_nt_acc(
+pub fn matmul_nt_acc<B: Elem>(
     c: &mut [f32],
     ldc: usize,
     a: &[f32],
     lda: usize,
-    b: &[f32],
+    b: &[B],
     ldb: usize,
     m: usize,
     k: usize,
@@ -93,79 +120,26 @@ pub fn matmul_nt_acc(
     check("matmul_nt_acc B", b, ldb, n, k);
     #[cfg(target_arch = "x86_64")]
     if crate::qgemm::Isa::best() >= crate::qgemm::Isa::Avx512Vnni {
-        // SAFETY: AVX-512F is present (Isa::best checks it); extents checked above.
+        // SAFETY: as in `matmul_acc_strided`.
         unsafe { x86::matmul_nt_acc512(c, ldc, a, lda, b, ldb, m, k, n) };
         return;
     }
-    crate::ops::matmul_nt_acc_ref(c, ldc, a, lda, b, ldb, m, k, n)
+    crate::ops::matmul_nt_acc_ref(c, ldc, a, lda, &B::widened(&b[..extent(ldb, n, k)]), ldb, m, k, n)
 }
 
-/// [`matmul_acc_strided`] with B in f16 bits (an f16 attention cache's rows), widened in
-/// registers as it is loaded: the same products as on the widened B, in the same order.
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_acc_strided_f16(
-    c: &mut [f32],
-    ldc: usize,
-    a: &[f32],
-    lda: usize,
-    b: &[u16],
-    ldb: usize,
-    m: usize,
-    k: usize,
-    n: usize,
-) {
-    check("matmul_acc_f16", c, ldc, m, n);
-    check("matmul_acc_f16 A", a, lda, m, k);
-    check("matmul_acc_f16 B", b, ldb, k, n);
-    #[cfg(target_arch = "x86_64")]
-    if crate::qgemm::Isa::best() >= crate::qgemm::Isa::Avx512Vnni {
-        // SAFETY: AVX-512F/BW/VL and F16C are present (Isa::best checks them); extents checked above.
-        unsafe { x86::matmul_acc512(c, ldc, a, lda, b, ldb, m, k, n) };
-        return;
+/// Values a strided [rows × cols] operand spans.
+fn extent(ld: usize, rows: usize, cols: usize) -> usize {
+    if rows == 0 || cols == 0 {
+        0
+    } else {
+        (rows - 1) * ld + cols
     }
-    let wide = widened(b, ldb, k, n);
-    crate::ops::matmul_acc_ref(c, ldc, a, lda, &wide, ldb, m, k, n)
-}
-
-/// [`matmul_nt_acc`] with B in f16 bits (an f16 attention cache's rows), widened in registers
-/// as it is loaded: the same products as on the widened B, in the same order.
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_nt_acc_f16(
-    c: &mut [f32],
-    ldc: usize,
-    a: &[f32],
-    lda: usize,
-    b: &[u16],
-    ldb: usize,
-    m: usize,
-    k: usize,
-    n: usize,
-) {
-    check("matmul_nt_acc_f16", c, ldc, m, n);
-    check("matmul_nt_acc_f16 A", a, lda, m, k);
-    check("matmul_nt_acc_f16 B", b, ldb, n, k);
-    #[cfg(target_arch = "x86_64")]
-    if crate::qgemm::Isa::best() >= crate::qgemm::Isa::Avx512Vnni {
-        // SAFETY: as in `matmul_acc_strided_f16`.
-        unsafe { x86::matmul_nt_acc512(c, ldc, a, lda, b, ldb, m, k, n) };
-        return;
-    }
-    let wide = widened(b, ldb, n, k);
-    crate::ops::matmul_nt_acc_ref(c, ldc, a, lda, &wide, ldb, m, k, n)
-}
-
-/// The first `(rows − 1)·ld + cols` values of f16 `b` as f32 (the fallback paths' operand).
-fn widened(b: &[u16], ld: usize, rows: usize, cols: usize) -> Vec<f32> {
-    let len = if rows == 0 || cols == 0 { 0 } else { (rows - 1) * ld + cols };
-    let mut wide = vec![0f32; len];
-    f16_to_f32(&mut wide, &b[..len]);
-    wide
 }
 
 /// A strided [rows × cols] operand must fit its slice.
 fn check<T>(what: &str, x: &[T], ld: usize, rows: usize, cols: usize) {
     assert!(cols <= ld || rows <= 1, "{what}: {cols} columns exceed the stride {ld}");
-    assert!(rows == 0 || cols == 0 || x.len() >= (rows - 1) * ld + cols, "{what}: operand too short");
+    assert!(x.len() >= extent(ld, rows, cols), "{what}: operand too short");
 }
 
 /// Round every value to the nearest f16 (ties to even), in place: F16C 16 at a time when the
@@ -318,22 +292,10 @@ mod x86 {
         }
     }
 
-    /// B's element: f32, or f16 bits widened as loaded.
-    pub trait BElem {
-        const F16: bool;
-    }
-    impl BElem for f32 {
-        const F16: bool = false;
-    }
-    impl BElem for u16 {
-        const F16: bool = true;
-    }
-
-    /// See [`super::matmul_acc_strided`] and [`super::matmul_acc_strided_f16`]. Extents are
-    /// checked by the caller.
+    /// See [`super::matmul_acc_strided`]. Extents are checked by the caller.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-    pub unsafe fn matmul_acc512<B: BElem>(
+    pub unsafe fn matmul_acc512<B: super::Elem>(
         c: &mut [f32],
         ldc: usize,
         a: &[f32],
@@ -443,11 +405,10 @@ mod x86 {
         }
     }
 
-    /// See [`super::matmul_nt_acc`] and [`super::matmul_nt_acc_f16`]. Extents are checked by
-    /// the caller.
+    /// See [`super::matmul_nt_acc`]. Extents are checked by the caller.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-    pub unsafe fn matmul_nt_acc512<B: BElem>(
+    pub unsafe fn matmul_nt_acc512<B: super::Elem>(
         c: &mut [f32],
         ldc: usize,
         a: &[f32],
@@ -720,8 +681,8 @@ mod x86 {
                 let (bw, btw) = (widen(&bh), widen(&bth));
                 let (mut h1, mut h2, mut f1, mut f2) =
                     (pad(&c0, m, n, ldc), pad(&c0, m, n, ldc), pad(&c0, m, n, ldc), pad(&c0, m, n, ldc));
-                super::super::matmul_acc_strided_f16(&mut h1, ldc, &ap, lda, &bh, ldb, m, k, n);
-                super::super::matmul_nt_acc_f16(&mut h2, ldc, &ap, lda, &bth, ldbt, m, k, n);
+                super::super::matmul_acc_strided(&mut h1, ldc, &ap, lda, &bh, ldb, m, k, n);
+                super::super::matmul_nt_acc(&mut h2, ldc, &ap, lda, &bth, ldbt, m, k, n);
                 super::super::matmul_acc_strided(&mut f1, ldc, &ap, lda, &bw, ldb, m, k, n);
                 super::super::matmul_nt_acc(&mut f2, ldc, &ap, lda, &btw, ldbt, m, k, n);
                 assert_eq!(bits(&h1), bits(&f1), "f16 B [{m}x{k}x{n}]");

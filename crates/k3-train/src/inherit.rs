@@ -191,8 +191,12 @@ mod tests {
         let model = Model::init(&cfg, 0, Device::Cpu).expect("init");
         let (d, ls) = (cfg.hidden_size() as i64, cfg.num_layers());
         let f = model.vs.variables()["model.layers.0.mlp.gate_proj.weight"].size()[0];
-        let rand =
-            |r: i64, c: i64| crate::with_seed(r * 1000 + c, || Tensor::randn([r, c], (Kind::Float, Device::Cpu)));
+        // A fresh seed per draw, so gate, up and the five teacher layers all differ.
+        let draws = std::cell::Cell::new(0i64);
+        let rand = |r: i64, c: i64| {
+            draws.set(draws.get() + 1);
+            crate::with_seed(draws.get(), || Tensor::randn([r, c], (Kind::Float, Device::Cpu)))
+        };
         let flat = |t: &Tensor| Vec::<f32>::try_from(&t.flatten(0, -1)).expect("f32");
         let e = flat(&rand(64, d));
         let r = inherit_embeddings(&model, &e, &e, d as usize).expect("embeddings");

@@ -153,7 +153,7 @@ impl Latent<'_> {
         let (m, n) = (a.len() / w, js.len());
         match self.cache {
             Rows::F32(c) => crate::simd::matmul_nt_acc(sc, ld, a, w, &c[js.start * w..], w, m, w, n),
-            Rows::F16(c) => crate::simd::matmul_nt_acc_f16(sc, ld, a, w, &c[js.start * w..], w, m, w, n),
+            Rows::F16(c) => crate::simd::matmul_nt_acc(sc, ld, a, w, &c[js.start * w..], w, m, w, n),
         }
     }
 
@@ -164,7 +164,7 @@ impl Latent<'_> {
         let (m, n) = (out.len() / r, js.len());
         match self.cache {
             Rows::F32(c) => crate::simd::matmul_acc_strided(out, r, p, ld, &c[js.start * w..], w, m, n, r),
-            Rows::F16(c) => crate::simd::matmul_acc_strided_f16(out, r, p, ld, &c[js.start * w..], w, m, n, r),
+            Rows::F16(c) => crate::simd::matmul_acc_strided(out, r, p, ld, &c[js.start * w..], w, m, n, r),
         }
     }
 }
@@ -191,8 +191,7 @@ fn decode_split(out: &mut [f32], qv: &[f32], lat: Latent, s: usize, scale: f32, 
         // SAFETY: share k alone writes its block of `ex` and its rows of `maxes` / `sums`.
         let (block, mk, sk) =
             unsafe { (e.slice(rows * k * per, rows * n), mx.slice(k * rows, rows), sm.slice(k * rows, rows)) };
-        block.fill(0.0);
-        lat.scores(block, n, qv, js);
+        lat.scores(block, n, qv, js); // `ex` starts zeroed
         for (i, row) in block.chunks_exact_mut(n).enumerate() {
             mk[i] = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) * scale;
             sk[i] = crate::ops::exp_shifted_sum(row, scale, mk[i]);
@@ -202,9 +201,12 @@ fn decode_split(out: &mut [f32], qv: &[f32], lat: Latent, s: usize, scale: f32, 
     let mut factor = vec![0f32; shares * rows];
     for i in 0..rows {
         let m = (0..shares).map(|k| maxes[k * rows + i]).fold(f32::NEG_INFINITY, f32::max);
-        let l: f32 = (0..shares).map(|k| crate::ops::exp_fast(maxes[k * rows + i] - m) * sums[k * rows + i]).sum();
         for k in 0..shares {
-            factor[k * rows + i] = crate::ops::exp_fast(maxes[k * rows + i] - m) / l;
+            factor[k * rows + i] = crate::ops::exp_fast(maxes[k * rows + i] - m);
+        }
+        let l: f32 = (0..shares).map(|k| factor[k * rows + i] * sums[k * rows + i]).sum();
+        for k in 0..shares {
+            factor[k * rows + i] /= l;
         }
     }
     let mut partial = vec![0f32; shares * rows * r];

@@ -172,7 +172,7 @@ pub fn attend_blocked(
                 crate::simd::matmul_nt_acc(&mut sc, s, &a, dk, &kc[kvh * dk..], hkv * dk, rows, dk, s)
             }
             Keys::Rows(Rows::F16(kc)) => {
-                crate::simd::matmul_nt_acc_f16(&mut sc, s, &a, dk, &kc[kvh * dk..], hkv * dk, rows, dk, s)
+                crate::simd::matmul_nt_acc(&mut sc, s, &a, dk, &kc[kvh * dk..], hkv * dk, rows, dk, s)
             }
             Keys::Columns { data, n } => {
                 // In column blocks whose keys stay in L2 while every row of `a` passes.
@@ -193,7 +193,7 @@ pub fn attend_blocked(
                 crate::simd::matmul_acc_strided(&mut ob, dv, &sc, s, &vc[kvh * dv..], hkv * dv, rows, s, dv)
             }
             Rows::F16(vc) => {
-                crate::simd::matmul_acc_strided_f16(&mut ob, dv, &sc, s, &vc[kvh * dv..], hkv * dv, rows, s, dv)
+                crate::simd::matmul_acc_strided(&mut ob, dv, &sc, s, &vc[kvh * dv..], hkv * dv, rows, s, dv)
             }
         }
         for i in 0..nq {
