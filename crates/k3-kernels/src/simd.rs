@@ -18,7 +18,7 @@ fn table() -> &'static Table {
         #[cfg(target_arch = "x86_64")]
         {
             let isa = crate::qgemm::Isa::best();
-            if isa >= crate::qgemm::Isa::Avx512Vnni {
+            if isa >= crate::qgemm::Isa::Avx512 {
                 return Table { dot: x86::dot512, axpy: x86::axpy512 };
             }
             if isa >= crate::qgemm::Isa::Avx2 {
@@ -91,7 +91,7 @@ pub fn matmul_acc_strided<B: Elem>(
     check("matmul_acc A", a, lda, m, k);
     check("matmul_acc B", b, ldb, k, n);
     #[cfg(target_arch = "x86_64")]
-    if crate::qgemm::Isa::best() >= crate::qgemm::Isa::Avx512Vnni {
+    if crate::qgemm::Isa::best() >= crate::qgemm::Isa::Avx512 {
         // SAFETY: AVX-512F/BW/VL and F16C are present (Isa::best checks them); extents checked above.
         unsafe { x86::matmul_acc512(c, ldc, a, lda, b, ldb, m, k, n) };
         return;
@@ -119,7 +119,7 @@ pub fn matmul_nt_acc<B: Elem>(
     check("matmul_nt_acc A", a, lda, m, k);
     check("matmul_nt_acc B", b, ldb, n, k);
     #[cfg(target_arch = "x86_64")]
-    if crate::qgemm::Isa::best() >= crate::qgemm::Isa::Avx512Vnni {
+    if crate::qgemm::Isa::best() >= crate::qgemm::Isa::Avx512 {
         // SAFETY: as in `matmul_acc_strided`.
         unsafe { x86::matmul_nt_acc512(c, ldc, a, lda, b, ldb, m, k, n) };
         return;
@@ -146,7 +146,7 @@ fn check<T>(what: &str, x: &[T], ld: usize, rows: usize, cols: usize) {
 /// CPU has AVX-512, else `half`'s conversion.
 pub fn round_f16_inplace(v: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if crate::qgemm::Isa::best() >= crate::qgemm::Isa::Avx512Vnni {
+    if crate::qgemm::Isa::best() >= crate::qgemm::Isa::Avx512 {
         // SAFETY: AVX-512F and F16C are present (Isa::best checks both).
         unsafe { x86::round_f16_512(v) };
         return;
@@ -159,7 +159,7 @@ pub fn round_f16_inplace(v: &mut [f32]) {
 pub fn f32_to_f16(dst: &mut [u16], src: &[f32]) {
     assert_eq!(dst.len(), src.len(), "f32_to_f16: lengths differ");
     #[cfg(target_arch = "x86_64")]
-    if crate::qgemm::Isa::best() >= crate::qgemm::Isa::Avx512Vnni {
+    if crate::qgemm::Isa::best() >= crate::qgemm::Isa::Avx512 {
         // SAFETY: AVX-512F and F16C are present (Isa::best checks both); lengths are equal.
         unsafe { x86::f32_to_f16_512(dst, src) };
         return;
@@ -172,7 +172,7 @@ pub fn f32_to_f16(dst: &mut [u16], src: &[f32]) {
 pub fn f16_to_f32(dst: &mut [f32], src: &[u16]) {
     assert_eq!(dst.len(), src.len(), "f16_to_f32: lengths differ");
     #[cfg(target_arch = "x86_64")]
-    if crate::qgemm::Isa::best() >= crate::qgemm::Isa::Avx512Vnni {
+    if crate::qgemm::Isa::best() >= crate::qgemm::Isa::Avx512 {
         // SAFETY: as in `f32_to_f16`.
         unsafe { x86::f16_to_f32_512(dst, src) };
         return;
@@ -185,7 +185,7 @@ pub fn f16_to_f32(dst: &mut [f32], src: &[u16]) {
 /// so the probe streams as fast as the prefetching GEMV it is the bound for; else the plain fold.
 pub fn xor_fold(words: &[u64]) -> u64 {
     #[cfg(target_arch = "x86_64")]
-    if crate::qgemm::Isa::best() >= crate::qgemm::Isa::Avx512Vnni {
+    if crate::qgemm::Isa::best() >= crate::qgemm::Isa::Avx512 {
         // SAFETY: AVX-512F is present (Isa::best checks it).
         return unsafe { x86::xor_fold512(words) };
     }
@@ -715,7 +715,7 @@ mod x86 {
                 if isas.contains(&crate::qgemm::Isa::Avx2) {
                     paths.push(("avx2", dot256, axpy256));
                 }
-                if isas.contains(&crate::qgemm::Isa::Avx512Vnni) {
+                if isas.contains(&crate::qgemm::Isa::Avx512) {
                     paths.push(("avx512", dot512, axpy512));
                 }
                 for (name, d, ax) in paths {

@@ -15,8 +15,9 @@
 //!
 //! Paths: [`Isa::Amx`] (AMX-INT8 tile products, 16 rows × 16 tokens × one block per instruction;
 //! prefill only, see [`Isa::for_tokens`]), [`Isa::Avx512Vnni`] (vpdpbusd on 512-bit registers, two
-//! blocks per instruction),
-//! [`Isa::Avx2`] (vpmaddubsw / vpmaddwd), [`Isa::Scalar`] (the plain loops, always available).
+//! blocks per instruction), [`Isa::Avx512`] (the same tiles with vpmaddubsw / vpmaddwd, for AVX-512
+//! CPUs without VNNI), [`Isa::Avx2`] (vpmaddubsw / vpmaddwd on 256 bits), [`Isa::Scalar`] (the
+//! plain loops, always available).
 //! Dims: R weight rows, T activation rows (tokens), nb blocks of 32 per row (padded to even).
 
 #[cfg(target_arch = "x86_64")]
@@ -37,6 +38,8 @@ pub const BLOCK: usize = 32;
 pub enum Isa {
     Scalar,
     Avx2,
+    /// AVX-512 F/BW/VL without VNNI (Skylake-SP and the Cascade Lake parts without it).
+    Avx512,
     Avx512Vnni,
     Amx,
 }
@@ -48,26 +51,41 @@ pub const AMX_MIN_TOKENS: usize = 8;
 impl Isa {
     /// Every path this CPU supports, slowest first.
     pub fn available() -> Vec<Isa> {
-        let mut v = vec![Isa::Scalar];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-                v.push(Isa::Avx2);
-            }
-            if is_x86_feature_detected!("avx512f")
-                && is_x86_feature_detected!("avx512bw")
-                && is_x86_feature_detected!("avx512vl")
-                && is_x86_feature_detected!("avx512vnni")
-                && is_x86_feature_detected!("f16c")
-                && is_x86_feature_detected!("fma")
+        Self::detected().to_vec()
+    }
+
+    /// [`Isa::available`], detected once per process.
+    fn detected() -> &'static [Isa] {
+        static AVAIL: OnceLock<Vec<Isa>> = OnceLock::new();
+        AVAIL.get_or_init(|| {
+            let mut v = vec![Isa::Scalar];
+            #[cfg(target_arch = "x86_64")]
             {
-                v.push(Isa::Avx512Vnni);
-                if amx::available() {
-                    v.push(Isa::Amx);
+                if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                    v.push(Isa::Avx2);
+                }
+                if is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("f16c")
+                    && is_x86_feature_detected!("fma")
+                {
+                    v.push(Isa::Avx512);
+                    if is_x86_feature_detected!("avx512vnni") {
+                        v.push(Isa::Avx512Vnni);
+                        if amx::available() {
+                            v.push(Isa::Amx);
+                        }
+                    }
                 }
             }
-        }
-        v
+            v
+        })
+    }
+
+    /// Whether this CPU has `self`.
+    pub fn supported(self) -> bool {
+        Self::detected().contains(&self)
     }
 
     /// The fastest available path, or the one `K3MINI_ISA` (scalar | avx2 | avx512 | amx) names if the
@@ -75,10 +93,11 @@ impl Isa {
     pub fn best() -> Isa {
         static BEST: OnceLock<Isa> = OnceLock::new();
         *BEST.get_or_init(|| {
-            let avail = Isa::available();
+            let avail = Isa::detected();
             let want = match std::env::var("K3MINI_ISA").ok().as_deref() {
                 Some("scalar") => Some(Isa::Scalar),
                 Some("avx2") => Some(Isa::Avx2),
+                Some("avx512bw") => Some(Isa::Avx512),
                 Some("avx512") => Some(Isa::Avx512Vnni),
                 Some("amx") => Some(Isa::Amx),
                 _ => None,
@@ -94,6 +113,7 @@ impl Isa {
         match self {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512bw",
             Isa::Avx512Vnni => "avx512-vnni",
             Isa::Amx => "amx-int8",
         }
@@ -297,7 +317,7 @@ fn round_even_small(x: f32) -> f32 {
 fn quantize_row(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32], s16: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     // No `--exact` branch: the SIMD quantizer gives the reference's bits (tested).
-    if Isa::best() >= Isa::Avx512Vnni {
+    if Isa::best() >= Isa::Avx512 {
         // SAFETY: AVX-512F/BW is present (Isa::best checks it).
         unsafe { x86::quantize_row512(x, qs, d, s, s16) };
         return;
@@ -428,17 +448,22 @@ pub unsafe fn gemm_rows_out(isa: Isa, w: &Packed, a: &QActs, lo: usize, hi: usiz
     assert!(hi <= w.rows && lo <= hi);
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Amx if Isa::available().contains(&Isa::Amx) => {
+        Isa::Amx if Isa::Amx.supported() => {
             // SAFETY: AMX-INT8 with the tile state granted, and AVX-512 (checked just above).
             unsafe { amx::gemm_amx(w, a, lo, hi, out) }
         }
         #[cfg(target_arch = "x86_64")]
-        Isa::Amx | Isa::Avx512Vnni if Isa::available().contains(&Isa::Avx512Vnni) => {
+        Isa::Amx | Isa::Avx512Vnni if Isa::Avx512Vnni.supported() => {
             // SAFETY: the CPU supports every feature the kernel enables (checked just above).
             unsafe { x86::gemm_avx512(w, a, lo, hi, out) }
         }
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 | Isa::Avx512Vnni | Isa::Amx if Isa::available().contains(&Isa::Avx2) => {
+        Isa::Amx | Isa::Avx512Vnni | Isa::Avx512 if Isa::Avx512.supported() => {
+            // SAFETY: as above, for AVX-512 F/BW/VL + FMA + F16C.
+            unsafe { x86::gemm_avx512bw(w, a, lo, hi, out) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni | Isa::Amx if Isa::Avx2.supported() => {
             // SAFETY: as above, for AVX2 + FMA.
             unsafe { x86::gemm_avx2(w, a, lo, hi, out) }
         }

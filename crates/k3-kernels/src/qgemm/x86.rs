@@ -50,23 +50,20 @@ fn tiles(lo: usize, hi: usize, t: usize, rmax: usize, cmax: usize, mut tile: imp
 // AVX-512 VNNI: two blocks (64 codes) per vpdpbusd.
 
 /// [a ×8 | b ×8] from two consecutive floats at `p`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+#[inline(always)]
 unsafe fn pair_f32(p: *const f32) -> __m512 {
     let two = _mm_castsi128_ps(_mm_loadl_epi64(p as *const __m128i)); // [a, b, 0, 0]
     _mm512_permutexvar_ps(pair_idx(), _mm512_castps128_ps512(two))
 }
 
 /// [a ×8 | b ×8] from two consecutive f16 at `p`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+#[inline(always)]
 unsafe fn pair_f16(p: *const u16) -> __m512 {
     let two = _mm_cvtph_ps(_mm_cvtsi32_si128((p as *const i32).read_unaligned())); // [a, b, 0, 0]
     _mm512_permutexvar_ps(pair_idx(), _mm512_castps128_ps512(two))
 }
 
-#[inline]
-#[target_feature(enable = "avx512f")]
+#[inline(always)]
 unsafe fn pair_idx() -> __m512i {
     _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0)
 }
@@ -74,8 +71,7 @@ unsafe fn pair_idx() -> __m512i {
 /// The 64 unsigned codes of block pair `p` of a row: Q4 nibbles or Q8 bytes. Q4: the pair's 32
 /// bytes broadcast to both halves, the upper half shifted down a nibble, both masked (three
 /// µops, none on the shuffle port).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
+#[inline(always)]
 unsafe fn codes512(kind: Kind, q: *const u8, p: usize) -> __m512i {
     if kind == Kind::Q8_0 {
         _mm512_loadu_epi8(q.add(p * 64) as *const i8)
@@ -86,12 +82,25 @@ unsafe fn codes512(kind: Kind, q: *const u8, p: usize) -> __m512i {
     }
 }
 
-/// Index vectors that spread scales 2k and 2k + 1 of a 16-scale vector over lanes 0–7 and 8–15.
-#[inline]
-#[target_feature(enable = "avx512f")]
+/// Index vectors that spread scales 2k and 2k + 1 of a 16-scale vector over lanes 0–7 and 8–15,
+/// one per k < 8 (a table: loading one is a load µop; building it from k took shuffle µops).
+static PAIR_IDX: [[i32; 16]; 8] = {
+    let mut t = [[0i32; 16]; 8];
+    let mut k = 0;
+    while k < 8 {
+        let mut l = 0;
+        while l < 16 {
+            t[k][l] = 2 * k as i32 + (l / 8) as i32;
+            l += 1;
+        }
+        k += 1;
+    }
+    t
+};
+
+#[inline(always)]
 unsafe fn pair_of(k: usize) -> __m512i {
-    let (a, b) = (2 * k as i32, 2 * k as i32 + 1);
-    _mm512_set_epi32(b, b, b, b, b, b, b, b, a, a, a, a, a, a, a, a)
+    _mm512_loadu_si512(PAIR_IDX[k].as_ptr() as *const _)
 }
 
 /// Row tiles ahead that [`tile512`] prefetches (2 measured best of 1, 2, 4).
@@ -103,15 +112,39 @@ unsafe fn prefetch(p: *const u8) {
     _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
 }
 
+/// 16 lanes of 4-byte dot products `Σ u·x` (u unsigned codes, x signed): one vpdpbusd with
+/// VNNI; without it vpmaddubsw + vpmaddwd, exact for u ≤ 15 (Q4 codes: no i16 saturation).
+#[inline(always)]
+unsafe fn dot4<const VNNI: bool>(u: __m512i, x: __m512i) -> __m512i {
+    if VNNI {
+        _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, x)
+    } else {
+        _mm512_madd_epi16(_mm512_maddubs_epi16(u, x), _mm512_set1_epi16(1))
+    }
+}
+
 /// One tile. Lanes 0–7 of every vector belong to block 2p, lanes 8–15 to block 2p+1, so the
 /// offset term folds into the same accumulator: Q4_0 / Q8_0 (μ = −k·d_w) accumulate
 /// `d_w · (dot·d_x − (k/8)·s)` per lane; Q4_1 adds `m · s/8` per lane.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
-unsafe fn tile512<const R: usize, const C: usize>(w: &Packed, a: &QActs, o0: usize, t0: usize, lo: usize, out: OutMat) {
+///
+/// Without VNNI, Q8 codes (u = w + 128, up to 255) would saturate vpmaddubsw's i16 pairs, so
+/// they go back to signed w and take the sign trick (|w| · x·sign(w), as ggml's AVX2 code does):
+/// the dot is then Σ w·x itself, with no offset term.
+#[inline(always)]
+unsafe fn tile512<const R: usize, const C: usize, const VNNI: bool>(
+    w: &Packed,
+    a: &QActs,
+    o0: usize,
+    t0: usize,
+    lo: usize,
+    out: OutMat,
+) {
     let (rq, n) = (w.row_qs(), w.nbp);
     let kind = w.kind;
+    let signed_q8 = !VNNI && kind == Kind::Q8_0;
     let koff = match kind {
-        Kind::Q4_0 => -1.0,  // −8/8
+        Kind::Q4_0 => -1.0, // −8/8
+        Kind::Q8_0 if signed_q8 => 0.0,
         Kind::Q8_0 => -16.0, // −128/8
         Kind::Q4_1 => 0.125,
     };
@@ -159,8 +192,14 @@ unsafe fn tile512<const R: usize, const C: usize>(w: &Packed, a: &QActs, o0: usi
         let mut wv = [_mm512_setzero_si512(); R];
         let mut ws = [_mm512_setzero_ps(); R];
         let mut wm = [_mm512_setzero_ps(); R];
+        let mut wneg = [0u64; R];
         for i in 0..R {
             wv[i] = codes512(kind, qrow[i], p);
+            if signed_q8 {
+                let sw = _mm512_xor_si512(wv[i], _mm512_set1_epi8(-128));
+                wneg[i] = _mm512_movepi8_mask(sw);
+                wv[i] = _mm512_abs_epi8(sw);
+            }
             ws[i] = if whole { _mm512_permutexvar_ps(idx, d16[i]) } else { pair_f16(drow[i].add(2 * p)) };
             if kind == Kind::Q4_1 {
                 wm[i] = if whole { _mm512_permutexvar_ps(idx, m16[i]) } else { pair_f16(mrow[i].add(2 * p)) };
@@ -171,7 +210,8 @@ unsafe fn tile512<const R: usize, const C: usize>(w: &Packed, a: &QActs, o0: usi
             let xs = pair_f32(dxrow[c].add(2 * p));
             let sv = _mm512_mul_ps(pair_f32(srow[c].add(2 * p)), koff);
             for i in 0..R {
-                let dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[i], xv));
+                let xv = if signed_q8 { _mm512_mask_sub_epi8(xv, wneg[i], _mm512_setzero_si512(), xv) } else { xv };
+                let dot = _mm512_cvtepi32_ps(dot4::<VNNI>(wv[i], xv));
                 if kind == Kind::Q4_1 {
                     acc[i][c] = _mm512_fmadd_ps(ws[i], _mm512_mul_ps(dot, xs), acc[i][c]);
                     acc[i][c] = _mm512_fmadd_ps(wm[i], sv, acc[i][c]);
@@ -188,24 +228,51 @@ unsafe fn tile512<const R: usize, const C: usize>(w: &Packed, a: &QActs, o0: usi
     }
 }
 
+/// The tile walk of both AVX-512 paths (inlined into each, which sets the target features).
+#[inline(always)]
+unsafe fn gemm512<const VNNI: bool>(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat) {
+    const R: usize = 4;
+    const C: usize = 4;
+    // The walk of `tiles`, written out: a closure here would be compiled without the caller's
+    // target features (and its kernels not inlined) on a baseline-target build.
+    let mut o0 = lo;
+    while o0 < hi {
+        let r = R.min(hi - o0);
+        let mut t0 = 0;
+        while t0 < a.t {
+            let c = C.min(a.t - t0);
+            macro_rules! go {
+                ($($rr:literal, $cc:literal);*) => {
+                    match (r, c) {
+                        $(($rr, $cc) => tile512::<$rr, $cc, VNNI>(w, a, o0, t0, lo, out),)*
+                        _ => unreachable!("tiles are at most {R}x{C}"),
+                    }
+                };
+            }
+            go!(4,4; 4,3; 4,2; 4,1; 3,4; 3,3; 3,2; 3,1; 2,4; 2,3; 2,2; 2,1; 1,4; 1,3; 1,2; 1,1);
+            t0 += c;
+        }
+        o0 += r;
+    }
+}
+
+/// AVX-512 VNNI: one vpdpbusd per block pair and row.
+///
 /// # Safety
 /// The CPU must support AVX-512 F/BW/VL/VNNI, FMA and F16C; `out` must be valid for rows
 /// 0..hi − lo and tokens 0..T.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
 pub unsafe fn gemm_avx512(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat) {
-    const R: usize = 4;
-    const C: usize = 4;
-    tiles(lo, hi, a.t, R, C, |o0, r, t0, c| {
-        macro_rules! go {
-            ($($rr:literal, $cc:literal);*) => {
-                match (r, c) {
-                    $(($rr, $cc) => tile512::<$rr, $cc>(w, a, o0, t0, lo, out),)*
-                    _ => unreachable!("tiles are at most {R}x{C}"),
-                }
-            };
-        }
-        go!(4,4; 4,3; 4,2; 4,1; 3,4; 3,3; 3,2; 3,1; 2,4; 2,3; 2,2; 2,1; 1,4; 1,3; 1,2; 1,1);
-    });
+    gemm512::<true>(w, a, lo, hi, out)
+}
+
+/// AVX-512 without VNNI (Skylake-SP, Cascade Lake parts without it): vpmaddubsw + vpmaddwd.
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL, FMA and F16C; `out` as for [`gemm_avx512`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+pub unsafe fn gemm_avx512bw(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat) {
+    gemm512::<false>(w, a, lo, hi, out)
 }
 
 // ---------------------------------------------------------------------------------------------
