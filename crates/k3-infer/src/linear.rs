@@ -198,19 +198,19 @@ impl Matrix {
 }
 
 /// `y_i = W_i · acts` for packed matrices sharing one quantized input, as one pool job: each
-/// matrix cut into bands of whole 4-row tiles, a few per thread so uneven cores still balance.
+/// matrix cut into bands of whole row tiles, a few per thread so uneven cores still balance.
 fn packed_products(jobs: &mut [(&Packed, &mut [f32])], acts: &QActs, threads: usize) {
     let t = acts.t;
     let isa = Isa::best().for_tokens(t);
     let work: usize = jobs.iter().map(|(p, _)| p.rows * p.cols * t).sum();
     let threads = if work < 1 << 15 { 1 } else { threads.max(1) };
-    // (job, lo, hi) for every band.
+    // (job, lo, hi) for every band; bands start on the kernel's row tile (4 or 16 rows).
     let mut bands = Vec::new();
     for (j, (p, _)) in jobs.iter().enumerate() {
-        let rows = p.rows;
+        let (rows, align) = (p.rows, p.row_align());
         let share = (threads * 4 * p.rows * p.cols * t).div_ceil(work.max(1)).max(1);
-        let tasks = if threads == 1 { 1 } else { share.min(rows.div_ceil(4)) };
-        let per = rows.div_ceil(tasks).next_multiple_of(4).min(rows.max(1));
+        let tasks = if threads == 1 { 1 } else { share.min(rows.div_ceil(align)) };
+        let per = rows.div_ceil(tasks).next_multiple_of(align).min(rows.max(1));
         bands.extend((0..rows.div_ceil(per)).map(|i| (j, i * per, ((i + 1) * per).min(rows))));
     }
     let mut outs = Vec::with_capacity(jobs.len());

@@ -22,6 +22,7 @@
 
 #[cfg(target_arch = "x86_64")]
 mod amx;
+pub mod rows16;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -137,15 +138,36 @@ pub enum Kind {
     Q8_0,
 }
 
-/// A weight matrix [rows, cols] repacked for the kernels.
-///
-/// Q4: for every pair of blocks (2p, 2p+1) 32 bytes, byte j holding code j of block 2p in its low
-/// nibble and code j of block 2p+1 in its high nibble, so one AND and one shift give both blocks'
-/// codes in element order. Q8: 32 bytes per block of `code + 128`. Scales stay f16 (ggml's bytes
-/// per weight); `m` holds Q4_1's mins.
+/// How a [`Packed`] matrix's codes and scales are laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// Row-major. Q4: for every pair of blocks (2p, 2p+1) 32 bytes, byte j holding code j of
+    /// block 2p in its low nibble and code j of block 2p+1 in its high nibble, so one AND and one
+    /// shift give both blocks' codes in element order. Q8: 32 bytes per block of `code + 128`.
+    /// Scales [rows, nbp]. The VNNI, AMX and AVX2 kernels' layout.
+    RowPairs,
+    /// Q4 only: 16 rows interleaved in 4-code groups per block ([`rows16`]), scales
+    /// [rows/16, nbp, 16]; rows padded to a multiple of 16. The AVX-512-without-VNNI kernel's.
+    Rows16,
+}
+
+impl Layout {
+    /// The layout the fastest kernel for `kind` on this CPU ([`Isa::best`]) reads.
+    pub fn best_for(kind: Kind) -> Layout {
+        if kind != Kind::Q8_0 && Isa::best() == Isa::Avx512 {
+            Layout::Rows16
+        } else {
+            Layout::RowPairs
+        }
+    }
+}
+
+/// A weight matrix [rows, cols] repacked for the kernels, in one [`Layout`]. Scales stay f16
+/// (ggml's bytes per weight); `m` holds Q4_1's mins.
 #[derive(Debug, Clone)]
 pub struct Packed {
     pub kind: Kind,
+    pub layout: Layout,
     pub rows: usize,
     pub cols: usize,
     /// Blocks per row, padded to even with zero blocks.
@@ -156,20 +178,29 @@ pub struct Packed {
 }
 
 impl Packed {
-    /// Repack ggml rows of `ty` (`rows × ty.row_bytes(cols)` bytes). `None` for types the integer
-    /// kernels do not take.
+    /// Repack ggml rows of `ty` (`rows × ty.row_bytes(cols)` bytes) in the layout this CPU's
+    /// kernels read. `None` for types the integer kernels do not take.
     pub fn pack(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Option<Packed> {
-        let kind = match ty {
-            GgmlType::Q4_0 => Kind::Q4_0,
-            GgmlType::Q4_1 => Kind::Q4_1,
-            GgmlType::Q8_0 => Kind::Q8_0,
-            _ => return None,
-        };
-        if !cols.is_multiple_of(BLOCK) {
+        let kind = Self::kind_of(ty)?;
+        Self::pack_as(ty, rows, cols, data, Layout::best_for(kind))
+    }
+
+    fn kind_of(ty: GgmlType) -> Option<Kind> {
+        match ty {
+            GgmlType::Q4_0 => Some(Kind::Q4_0),
+            GgmlType::Q4_1 => Some(Kind::Q4_1),
+            GgmlType::Q8_0 => Some(Kind::Q8_0),
+            _ => None,
+        }
+    }
+
+    /// [`Packed::pack`] in a given layout (`None` also for Q8_0 in [`Layout::Rows16`]).
+    pub fn pack_as(ty: GgmlType, rows: usize, cols: usize, data: &[u8], layout: Layout) -> Option<Packed> {
+        let kind = Self::kind_of(ty)?;
+        if !cols.is_multiple_of(BLOCK) || (kind == Kind::Q8_0 && layout == Layout::Rows16) {
             return None;
         }
         let nb = cols / BLOCK;
-        let nbp = nb + nb % 2;
         let (bb, off) = match kind {
             Kind::Q4_0 => (18, 2),
             Kind::Q4_1 => (20, 4),
@@ -177,19 +208,13 @@ impl Packed {
         };
         let row_bytes = nb * bb;
         debug_assert_eq!(data.len(), rows * row_bytes);
-        let per_row = if kind == Kind::Q8_0 { nbp * 32 } else { nbp * 16 };
-        let mut qs = vec![0u8; rows * per_row];
-        let mut d = vec![0u16; rows * nbp];
-        let mut m = if kind == Kind::Q4_1 { vec![0u16; rows * nbp] } else { Vec::new() };
-        let mut codes = vec![0u8; nbp * BLOCK];
-        for r in 0..rows {
+        Some(Self::from_rows(kind, layout, rows, cols, |r, codes, d, m| {
             let row = &data[r * row_bytes..(r + 1) * row_bytes];
-            codes.iter_mut().for_each(|c| *c = if kind == Kind::Q8_0 { 128 } else { 0 });
             for b in 0..nb {
                 let blk = &row[b * bb..(b + 1) * bb];
-                d[r * nbp + b] = u16::from_le_bytes([blk[0], blk[1]]);
+                d[b] = u16::from_le_bytes([blk[0], blk[1]]);
                 if kind == Kind::Q4_1 {
-                    m[r * nbp + b] = u16::from_le_bytes([blk[2], blk[3]]);
+                    m[b] = u16::from_le_bytes([blk[2], blk[3]]);
                 }
                 let c = &mut codes[b * BLOCK..(b + 1) * BLOCK];
                 match kind {
@@ -206,19 +231,92 @@ impl Packed {
                     }
                 }
             }
-            let out = &mut qs[r * per_row..(r + 1) * per_row];
-            match kind {
-                Kind::Q8_0 => out.copy_from_slice(&codes),
-                _ => {
-                    for p in 0..nbp / 2 {
-                        for j in 0..BLOCK {
-                            out[p * 32 + j] = codes[2 * p * BLOCK + j] | (codes[(2 * p + 1) * BLOCK + j] << 4);
+        }))
+    }
+
+    /// Build from rows given as unsigned codes (`nbp·32`, Q8 as code + 128), f16 scales and mins
+    /// (`nbp` each); `row` fills them for row r (pad blocks are left zero, Q8's codes 128).
+    fn from_rows(
+        kind: Kind,
+        layout: Layout,
+        rows: usize,
+        cols: usize,
+        mut row: impl FnMut(usize, &mut [u8], &mut [u16], &mut [u16]),
+    ) -> Packed {
+        let nb = cols / BLOCK;
+        let nbp = nb + nb % 2;
+        let stored_rows = if layout == Layout::Rows16 { rows.next_multiple_of(rows16::ROWS) } else { rows };
+        let per_row = if kind == Kind::Q8_0 { nbp * 32 } else { nbp * 16 };
+        let mut p = Packed {
+            kind,
+            layout,
+            rows,
+            cols,
+            nbp,
+            qs: vec![0u8; stored_rows * per_row],
+            d: vec![0u16; stored_rows * nbp],
+            m: if kind == Kind::Q4_1 { vec![0u16; stored_rows * nbp] } else { Vec::new() },
+        };
+        let mut codes = vec![0u8; nbp * BLOCK];
+        let (mut d, mut m) = (vec![0u16; nbp], vec![0u16; nbp]);
+        for r in 0..rows {
+            codes.iter_mut().for_each(|c| *c = if kind == Kind::Q8_0 { 128 } else { 0 });
+            d.iter_mut().for_each(|x| *x = 0);
+            m.iter_mut().for_each(|x| *x = 0);
+            row(r, &mut codes, &mut d, &mut m);
+            match layout {
+                Layout::Rows16 => rows16::store_row(&mut p, r, &codes, &d, &m),
+                Layout::RowPairs => {
+                    let out = &mut p.qs[r * per_row..(r + 1) * per_row];
+                    match kind {
+                        Kind::Q8_0 => out.copy_from_slice(&codes),
+                        _ => {
+                            for q in 0..nbp / 2 {
+                                for j in 0..BLOCK {
+                                    out[q * 32 + j] = codes[2 * q * BLOCK + j] | (codes[(2 * q + 1) * BLOCK + j] << 4);
+                                }
+                            }
+                        }
+                    }
+                    p.d[r * nbp..(r + 1) * nbp].copy_from_slice(&d);
+                    if kind == Kind::Q4_1 {
+                        p.m[r * nbp..(r + 1) * nbp].copy_from_slice(&m);
+                    }
+                }
+            }
+        }
+        p
+    }
+
+    /// Row r's unsigned codes (`nbp·32`; Q8 as code + 128), in element order, from any layout.
+    pub(crate) fn row_codes(&self, r: usize, codes: &mut [u8]) {
+        match self.layout {
+            Layout::Rows16 => rows16::load_codes(self, r, codes),
+            Layout::RowPairs => {
+                let q = &self.qs[r * self.row_qs()..(r + 1) * self.row_qs()];
+                match self.kind {
+                    Kind::Q8_0 => codes.copy_from_slice(q),
+                    _ => {
+                        for p in 0..self.nbp / 2 {
+                            for j in 0..BLOCK {
+                                let byte = q[p * 32 + j];
+                                codes[2 * p * BLOCK + j] = byte & 0x0F;
+                                codes[(2 * p + 1) * BLOCK + j] = byte >> 4;
+                            }
                         }
                     }
                 }
             }
         }
-        Some(Packed { kind, rows, cols, nbp, qs, d, m })
+    }
+
+    /// Index of row r's block b scale in `d` (and min in `m`).
+    #[inline]
+    pub(crate) fn scale_at(&self, r: usize, b: usize) -> usize {
+        match self.layout {
+            Layout::RowPairs => r * self.nbp + b,
+            Layout::Rows16 => rows16::scale_at(self.nbp, r, b),
+        }
     }
 
     /// Row r dequantized to f32 (`cols` values): the weight values, as ggml's dequantizer gives them.
@@ -226,41 +324,40 @@ impl Packed {
         let n = self.nbp;
         let (mut dw, mut mu) = (vec![0f32; n], vec![0f32; n]);
         self.row_scales(r, &mut dw, &mut mu);
-        let q = &self.qs[r * self.row_qs()..(r + 1) * self.row_qs()];
+        let mut codes = vec![0u8; n * BLOCK];
+        self.row_codes(r, &mut codes);
         for (i, o) in out.iter_mut().enumerate().take(self.cols) {
-            let (b, j) = (i / BLOCK, i % BLOCK);
-            let u = match self.kind {
-                Kind::Q8_0 => q[i],
-                _ => {
-                    let byte = q[(b / 2) * 32 + j];
-                    if b % 2 == 0 {
-                        byte & 0x0F
-                    } else {
-                        byte >> 4
-                    }
-                }
-            };
-            *o = u as f32 * dw[b] + mu[b];
+            *o = codes[i] as f32 * dw[i / BLOCK] + mu[i / BLOCK];
         }
     }
 
-    /// A new matrix of the rows `idx` (in that order).
+    /// A new matrix of the rows `idx` (in that order), in the same layout.
     pub fn select_rows(&self, idx: &[usize]) -> Packed {
-        let (rq, n) = (self.row_qs(), self.nbp);
-        let mut p = Packed { rows: idx.len(), qs: Vec::new(), d: Vec::new(), m: Vec::new(), ..*self };
-        for &r in idx {
-            p.qs.extend_from_slice(&self.qs[r * rq..(r + 1) * rq]);
-            p.d.extend_from_slice(&self.d[r * n..(r + 1) * n]);
-            if self.kind == Kind::Q4_1 {
-                p.m.extend_from_slice(&self.m[r * n..(r + 1) * n]);
+        let mut codes = vec![0u8; self.nbp * BLOCK];
+        Self::from_rows(self.kind, self.layout, idx.len(), self.cols, |i, c, d, m| {
+            let r = idx[i];
+            self.row_codes(r, &mut codes);
+            c.copy_from_slice(&codes);
+            for b in 0..self.nbp {
+                d[b] = self.d[self.scale_at(r, b)];
+                if self.kind == Kind::Q4_1 {
+                    m[b] = self.m[self.scale_at(r, b)];
+                }
             }
-        }
-        p
+        })
     }
 
     /// Bytes the kernels stream per product (for bandwidth figures).
     pub fn nbytes(&self) -> usize {
         self.qs.len() + 2 * (self.d.len() + self.m.len())
+    }
+
+    /// Rows a band of a product must start at a multiple of (the kernels' row tile).
+    pub fn row_align(&self) -> usize {
+        match self.layout {
+            Layout::RowPairs => 4,
+            Layout::Rows16 => rows16::ROWS,
+        }
     }
 
     /// Bytes of codes per row.
@@ -274,14 +371,14 @@ impl Packed {
 
     /// Row r's scales as f32 (`dw`) and offsets μ (`mu`), `nbp` each.
     pub(crate) fn row_scales(&self, r: usize, dw: &mut [f32], mu: &mut [f32]) {
-        let n = self.nbp;
-        for b in 0..n {
-            let d = half::f16::from_bits(self.d[r * n + b]).to_f32();
+        for b in 0..self.nbp {
+            let i = self.scale_at(r, b);
+            let d = half::f16::from_bits(self.d[i]).to_f32();
             dw[b] = d;
             mu[b] = match self.kind {
                 Kind::Q4_0 => -8.0 * d,
                 Kind::Q8_0 => -128.0 * d,
-                Kind::Q4_1 => half::f16::from_bits(self.m[r * n + b]).to_f32(),
+                Kind::Q4_1 => half::f16::from_bits(self.m[i]).to_f32(),
             };
         }
     }
@@ -446,6 +543,19 @@ pub fn gemm_rows(isa: Isa, w: &Packed, a: &QActs, lo: usize, hi: usize, out: &mu
 pub unsafe fn gemm_rows_out(isa: Isa, w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat) {
     assert_eq!(w.nbp, a.nbp, "weight and activation widths differ");
     assert!(hi <= w.rows && lo <= hi);
+    assert!(
+        lo.is_multiple_of(w.row_align()) || lo == hi,
+        "a band starts at row {lo}, not a multiple of {}",
+        w.row_align()
+    );
+    if w.layout == Layout::Rows16 {
+        #[cfg(target_arch = "x86_64")]
+        if isa >= Isa::Avx512 && Isa::Avx512.supported() {
+            // SAFETY: AVX-512 F/BW/VL + FMA + F16C (checked just above); `out` as the caller promises.
+            return unsafe { rows16::gemm_avx512bw(w, a, lo, hi, out) };
+        }
+        return unsafe { scalar::gemm(w, a, lo, hi, out) };
+    }
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Amx if Isa::Amx.supported() => {
@@ -548,37 +658,45 @@ mod tests {
                 let x = rng.normals(t * cols, 1.5);
                 let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
                 let want = gemm_ref(ty, &data, rows, cols, &x, t);
-                let p = Packed::pack(ty, rows, cols, &data).expect("packable");
                 let a = QActs::quantize(&x, t, cols);
-                for isa in Isa::available() {
+                // Every layout on every path: a path that does not read a layout falls back to one
+                // that does (the scalar loops at least), so each pair must still be right.
+                let layouts = [Layout::RowPairs, Layout::Rows16];
+                let packs = layouts.iter().filter_map(|&l| Packed::pack_as(ty, rows, cols, &data, l));
+                for (p, isa) in packs.flat_map(|p| Isa::available().into_iter().map(move |i| (p.clone(), i))) {
+                    let p = &p;
+                    let align = p.row_align();
+                    let mid = (rows / 2).next_multiple_of(align).min(rows);
                     // Token-major output (the engine's layout) holds the same numbers.
                     let mut tm = vec![f32::NAN; t * rows];
-                    for (lo, hi) in [(0, rows / 2), (rows / 2, rows)] {
-                        unsafe { gemm_rows_out(isa, &p, &a, lo, hi, OutMat::token_major(tm.as_mut_ptr(), lo, rows)) };
+                    for (lo, hi) in [(0, mid), (mid, rows)] {
+                        unsafe { gemm_rows_out(isa, p, &a, lo, hi, OutMat::token_major(tm.as_mut_ptr(), lo, rows)) };
                     }
                     let mut rm = vec![0f32; rows * t];
-                    gemm_rows(isa, &p, &a, 0, rows, &mut rm);
+                    gemm_rows(isa, p, &a, 0, rows, &mut rm);
                     for o in 0..rows {
                         for r in 0..t {
                             assert_eq!(
                                 tm[r * rows + o],
                                 rm[o * t + r],
-                                "{} {} token-major ({o}, {r})",
+                                "{} {} {:?} token-major ({o}, {r})",
                                 ty.name(),
-                                isa.name()
+                                isa.name(),
+                                p.layout
                             );
                         }
                     }
-                    for (lo, hi) in [(0, rows), (rows / 2, rows)] {
+                    for (lo, hi) in [(0, rows), (mid, rows)] {
                         let mut got = vec![0f32; (hi - lo) * t];
-                        gemm_rows(isa, &p, &a, lo, hi, &mut got);
+                        gemm_rows(isa, p, &a, lo, hi, &mut got);
                         for (i, (g, e)) in got.iter().zip(&want[lo * t..hi * t]).enumerate() {
                             let scale = 1.0 + e.abs();
                             assert!(
                                 (g - e).abs() <= 2e-5 * scale * (cols as f32 / 32.0).sqrt(),
-                                "{} {} [{rows}x{cols}]·[{t}] rows {lo}..{hi} elem {i}: {g} vs {e}",
+                                "{} {} {:?} [{rows}x{cols}]·[{t}] rows {lo}..{hi} elem {i}: {g} vs {e}",
                                 ty.name(),
-                                isa.name()
+                                isa.name(),
+                                p.layout
                             );
                         }
                     }
@@ -590,19 +708,34 @@ mod tests {
     #[test]
     fn packed_rows_dequantize_like_ggml_and_select() {
         let mut rng = Rng::new(5);
-        let (rows, cols) = (6, 96);
-        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        let (rows, cols) = (20, 96); // more than one 16-row group
+        for (ty, layout) in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0]
+            .into_iter()
+            .flat_map(|ty| [(ty, Layout::RowPairs), (ty, Layout::Rows16)])
+        {
             let w = rng.normals(rows * cols, 0.4);
             let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
-            let p = Packed::pack(ty, rows, cols, &data).expect("packable");
+            let Some(p) = Packed::pack_as(ty, rows, cols, &data, layout) else {
+                assert!(ty == GgmlType::Q8_0 && layout == Layout::Rows16, "{} packs in {layout:?}", ty.name());
+                continue;
+            };
             let rb = ty.row_bytes(cols);
             let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
-            let sel = p.select_rows(&[4, 1]);
-            for (k, r) in [(0, 4), (1, 1)] {
+            let sel = p.select_rows(&[17, 4, 1]);
+            assert_eq!((sel.layout, sel.rows), (layout, 3));
+            for r in 0..rows {
                 ty.dequantize_row(&data[r * rb..(r + 1) * rb], &mut a);
-                sel.dequant_row(k, &mut b);
-                for (x, y) in a.iter().zip(&b) {
-                    assert!((x - y).abs() <= 1e-6 * (1.0 + x.abs()), "{}: {x} vs {y}", ty.name());
+                let picked = [17, 4, 1].iter().position(|&s| s == r);
+                for (k, m) in [(Some(r), &p), (picked, &sel)] {
+                    let Some(k) = k else { continue };
+                    m.dequant_row(k, &mut b);
+                    for (x, y) in a.iter().zip(&b) {
+                        assert!(
+                            (x - y).abs() <= 1e-6 * (1.0 + x.abs()),
+                            "{} {layout:?} row {r}: {x} vs {y}",
+                            ty.name()
+                        );
+                    }
                 }
             }
         }

@@ -1,7 +1,7 @@
 //! The plain-loop path: integer block sums, one float multiply-add per block, then the offset
-//! term. The SIMD paths compute exactly this, several blocks and rows at a time.
+//! term, on either layout. The SIMD paths compute exactly this, several blocks and rows at a time.
 
-use super::{offset_term, Kind, OutMat, Packed, QActs, BLOCK};
+use super::{offset_term, OutMat, Packed, QActs, BLOCK};
 
 /// # Safety
 /// `out` must be valid for rows 0..hi − lo and tokens 0..T.
@@ -11,19 +11,7 @@ pub unsafe fn gemm(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat) {
     let mut codes = vec![0u8; n * BLOCK];
     for o in lo..hi {
         w.row_scales(o, &mut dw, &mut mu);
-        let q = &w.qs[o * w.row_qs()..(o + 1) * w.row_qs()];
-        match w.kind {
-            Kind::Q8_0 => codes.copy_from_slice(q),
-            _ => {
-                for p in 0..n / 2 {
-                    for j in 0..BLOCK {
-                        let byte = q[p * 32 + j];
-                        codes[2 * p * BLOCK + j] = byte & 0x0F;
-                        codes[(2 * p + 1) * BLOCK + j] = byte >> 4;
-                    }
-                }
-            }
-        }
+        w.row_codes(o, &mut codes);
         for t in 0..a.t {
             let (xq, dx) = a.row(t);
             let mut acc = 0f32;

@@ -1,0 +1,169 @@
+//! The 16-row interleaved layout of Q4 weights ([`Layout::Rows16`]) and its AVX-512 kernel for
+//! CPUs without VNNI.
+//!
+//! Per group of 16 rows and block of 32 codes, 256 bytes: byte `j·64 + r·4 + e` (j < 4, r < 16,
+//! e < 4) holds code `4j + e` of row r in its low nibble and code `16 + 4j + e` in its high one.
+//! One 64-byte load, an AND and a shift give, in each 32-bit lane r, four consecutive codes of
+//! row r; vpmaddubsw against the four matching activation codes broadcast to every lane, then
+//! vpmaddwd, is a 4-term dot product for 16 rows at once. Unlike the row-pair tiles (which keep
+//! one vector per row and reduce it at the end), every lane here is a different row: the eight
+//! group products of a block are summed in 16-bit lanes (|Σ| ≤ 8·2·15·127 = 30,480, no
+//! saturation) and converted and scaled once per block for 16 rows, about a third of the row-pair
+//! tile's instructions per weight. A group's blocks are contiguous, so decode streams each band
+//! of rows as one sequential read. Scales are [rows/16, nbp, 16].
+//! Dims: nbp blocks per row (even), R = 16 rows per group, C tokens per tile.
+
+use super::{Kind, Layout, OutMat, Packed, QActs, BLOCK};
+
+/// Rows per interleaved group.
+pub const ROWS: usize = 16;
+/// Bytes of codes per group and block.
+const GROUP_BLOCK: usize = ROWS * BLOCK / 2;
+
+/// Byte offset and nibble shift (0 or 4) of code k (< 32) of row r (< 16) within a group-block.
+#[inline]
+fn code_at(r: usize, k: usize) -> (usize, u32) {
+    let (g, e) = (k / 4, k % 4);
+    ((g % 4) * 64 + r * 4 + e, 4 * (g / 4) as u32)
+}
+
+/// Index of row r's block b scale in `d` / `m`.
+#[inline]
+pub(crate) fn scale_at(nbp: usize, r: usize, b: usize) -> usize {
+    ((r / ROWS) * nbp + b) * ROWS + r % ROWS
+}
+
+/// Store row r's codes (Q4, < 16), scales and mins (`nbp` each; mins only for Q4_1).
+pub(crate) fn store_row(p: &mut Packed, r: usize, codes: &[u8], d: &[u16], m: &[u16]) {
+    debug_assert_eq!(p.layout, Layout::Rows16);
+    let nbp = p.nbp;
+    let base = (r / ROWS) * nbp * GROUP_BLOCK;
+    for b in 0..nbp {
+        for k in 0..BLOCK {
+            let (at, shift) = code_at(r % ROWS, k);
+            p.qs[base + b * GROUP_BLOCK + at] |= (codes[b * BLOCK + k] & 0x0F) << shift;
+        }
+        let i = scale_at(nbp, r, b);
+        p.d[i] = d[b];
+        if p.kind == Kind::Q4_1 {
+            p.m[i] = m[b];
+        }
+    }
+}
+
+/// Row r's codes in element order (`nbp·32`).
+pub(crate) fn load_codes(p: &Packed, r: usize, codes: &mut [u8]) {
+    let base = (r / ROWS) * p.nbp * GROUP_BLOCK;
+    for b in 0..p.nbp {
+        for k in 0..BLOCK {
+            let (at, shift) = code_at(r % ROWS, k);
+            codes[b * BLOCK + k] = (p.qs[base + b * GROUP_BLOCK + at] >> shift) & 0x0F;
+        }
+    }
+}
+
+/// Bytes ahead of the current block that the kernel prefetches (8 blocks of a group).
+#[cfg(target_arch = "x86_64")]
+const PF_BYTES: usize = 8 * GROUP_BLOCK;
+
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL, FMA and F16C; `w` must be in [`Layout::Rows16`] with
+/// `lo` a multiple of 16; `out` must be valid for rows 0..hi − lo and tokens 0..T.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+pub unsafe fn gemm_avx512bw(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat) {
+    debug_assert!(w.layout == Layout::Rows16 && (lo.is_multiple_of(ROWS) || lo >= hi));
+    let mut r0 = lo;
+    while r0 < hi {
+        let valid = (hi - r0).min(ROWS);
+        let mut t0 = 0;
+        while t0 < a.t {
+            let c = (a.t - t0).min(8);
+            let args = (w, a, r0, t0, valid, r0 - lo, out);
+            match c {
+                8 => x86::tile::<8>(args),
+                7 => x86::tile::<7>(args),
+                6 => x86::tile::<6>(args),
+                5 => x86::tile::<5>(args),
+                4 => x86::tile::<4>(args),
+                3 => x86::tile::<3>(args),
+                2 => x86::tile::<2>(args),
+                _ => x86::tile::<1>(args),
+            }
+            t0 += c;
+        }
+        r0 += ROWS;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::{Kind, OutMat, Packed, QActs, BLOCK, GROUP_BLOCK, PF_BYTES, ROWS};
+
+    /// (matrix, activations, first row of the group, first token, valid rows, output row of the
+    /// group's first row, output).
+    pub(super) type TileArgs<'a> = (&'a Packed, &'a QActs, usize, usize, usize, usize, OutMat);
+
+    /// 16 rows × C tokens over every block: per block, the eight 4-code group products summed in
+    /// 16-bit lanes, then `d_w·(d_x·dot − 8·s)` (Q4_0) or `d_w·d_x·dot + m·s` (Q4_1) per row lane.
+    #[inline(always)]
+    pub(super) unsafe fn tile<const C: usize>((w, a, r0, t0, valid, orow, out): TileArgs) {
+        let n = w.nbp;
+        let g = r0 / ROWS;
+        let q = w.qs.as_ptr().add(g * n * GROUP_BLOCK);
+        let d = w.d.as_ptr().add(g * n * ROWS);
+        let q41 = w.kind == Kind::Q4_1;
+        let m = if q41 { w.m.as_ptr().add(g * n * ROWS) } else { std::ptr::null() };
+        let xq: [*const i8; C] = std::array::from_fn(|c| a.qs.as_ptr().add((t0 + c) * n * BLOCK));
+        let dx: [*const f32; C] = std::array::from_fn(|c| a.d.as_ptr().add((t0 + c) * n));
+        let sx: [*const f32; C] = std::array::from_fn(|c| a.s_for(w.kind, t0 + c).as_ptr());
+        let (nib, ones) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi16(1));
+        let mut acc = [_mm512_setzero_ps(); C];
+        for b in 0..n {
+            let qb = q.add(b * GROUP_BLOCK);
+            for line in 0..GROUP_BLOCK / 64 {
+                _mm_prefetch::<_MM_HINT_T0>(qb.wrapping_add(PF_BYTES + line * 64) as *const i8);
+            }
+            if b % 2 == 0 {
+                _mm_prefetch::<_MM_HINT_T0>(d.wrapping_add(b * ROWS + PF_BYTES / 8) as *const i8);
+                if q41 {
+                    _mm_prefetch::<_MM_HINT_T0>(m.wrapping_add(b * ROWS + PF_BYTES / 8) as *const i8);
+                }
+            }
+            let mut isum = [_mm512_setzero_si512(); C];
+            for j in 0..4 {
+                let v = _mm512_loadu_si512(qb.add(j * 64) as *const _);
+                let lo4 = _mm512_and_si512(v, nib); // codes 4j..4j+4 of each row
+                let hi4 = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib); // codes 16+4j..
+                for c in 0..C {
+                    let xa = _mm512_set1_epi32((xq[c].add(b * BLOCK + 4 * j) as *const i32).read_unaligned());
+                    let xb = _mm512_set1_epi32((xq[c].add(b * BLOCK + 16 + 4 * j) as *const i32).read_unaligned());
+                    isum[c] = _mm512_add_epi16(isum[c], _mm512_maddubs_epi16(lo4, xa));
+                    isum[c] = _mm512_add_epi16(isum[c], _mm512_maddubs_epi16(hi4, xb));
+                }
+            }
+            let wd = _mm512_cvtph_ps(_mm256_loadu_si256(d.add(b * ROWS) as *const __m256i));
+            let wm = if q41 { _mm512_cvtph_ps(_mm256_loadu_si256(m.add(b * ROWS) as *const __m256i)) } else { wd };
+            for c in 0..C {
+                let dot = _mm512_cvtepi32_ps(_mm512_madd_epi16(isum[c], ones));
+                let (dxb, sb) = (*dx[c].add(b), *sx[c].add(b));
+                if q41 {
+                    acc[c] = _mm512_fmadd_ps(wd, _mm512_mul_ps(dot, _mm512_set1_ps(dxb)), acc[c]);
+                    acc[c] = _mm512_fmadd_ps(wm, _mm512_set1_ps(sb), acc[c]);
+                } else {
+                    let t = _mm512_fmadd_ps(dot, _mm512_set1_ps(dxb), _mm512_set1_ps(-8.0 * sb));
+                    acc[c] = _mm512_fmadd_ps(wd, t, acc[c]);
+                }
+            }
+        }
+        let mut lanes = [0f32; ROWS];
+        for c in 0..C {
+            _mm512_storeu_ps(lanes.as_mut_ptr(), acc[c]);
+            for (r, &v) in lanes.iter().enumerate().take(valid) {
+                out.put(orow + r, t0 + c, v);
+            }
+        }
+    }
+}
