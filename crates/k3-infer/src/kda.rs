@@ -29,7 +29,7 @@ pub struct Kda {
     q: Matrix,
     k: Matrix,
     v: Matrix,
-    conv_w: Vec<f32>, // [3W, Kc]: q | k | v kernels
+    conv_w: Vec<f32>, // 3 × [Kc, W]: q | k | v taps, by offset (conv::taps_by_offset)
     f_a: Matrix,
     f_b: Matrix,
     a: Vec<f32>,       // exp(A_log) per head [H]
@@ -52,7 +52,7 @@ impl Kda {
         let w = h * kd;
         let mut conv_w = Vec::with_capacity(3 * w * kc);
         for n in ["q", "k", "v"] {
-            conv_w.extend(src.vector(&format!("{p}.{n}_conv1d.weight"), w * kc)?);
+            conv_w.extend(conv::taps_by_offset(&src.vector(&format!("{p}.{n}_conv1d.weight"), w * kc)?, w, kc));
         }
         let gate = match cfg.out_gate {
             KdaOutGate::LowRank => OutGate::LowRank {

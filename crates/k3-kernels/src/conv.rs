@@ -1,20 +1,25 @@
 //! Causal depthwise short convolution with a carried tail (KDA's q/k/v conv, architecture.md §1(d)).
 
+/// The taps `w` [Ch, Kc] (HF's depthwise conv weight) as [Kc, Ch], the layout
+/// [`short_conv_silu`] reads: each output row is then Kc elementwise multiply-adds over channels.
+pub fn taps_by_offset(w: &[f32], ch: usize, kc: usize) -> Vec<f32> {
+    debug_assert_eq!(w.len(), ch * kc);
+    (0..kc).flat_map(|j| (0..ch).map(move |c| w[c * kc + j])).collect()
+}
+
 /// `y[t, c] = Σ_j w[c, j] · xin[t + j, c]` over `xin = [tail ; x]`, then SiLU; the tail becomes the
 /// last `Kc − 1` rows of `xin` (the pre-conv inputs a decode step needs).
 ///
 /// # Shapes
-/// x, y: [T, Ch] row-major; w: [Ch, Kc]; tail: [Kc − 1, Ch] (updated in place). Output rows are
-/// independent given `xin`, so they are split over `threads`; `xin` is never built, its rows are
-/// read from the tail or from x.
-pub fn short_conv_silu(y: &mut [f32], x: &[f32], w: &[f32], tail: &mut [f32], ch: usize, kc: usize, threads: usize) {
+/// x, y: [T, Ch] row-major; wt: [Kc, Ch] ([`taps_by_offset`]); tail: [Kc − 1, Ch] (updated in
+/// place). Output rows are independent given `xin`, so they are split over `threads`; `xin` is
+/// never built, its rows are read from the tail or from x. Nothing is allocated (a decode step
+/// calls this three times per KDA layer).
+pub fn short_conv_silu(y: &mut [f32], x: &[f32], wt: &[f32], tail: &mut [f32], ch: usize, kc: usize, threads: usize) {
     let t = x.len() / ch;
     let hist = kc - 1;
-    debug_assert_eq!(w.len(), ch * kc);
+    debug_assert_eq!(wt.len(), ch * kc);
     debug_assert_eq!(tail.len(), hist * ch);
-    // Taps as [Kc, Ch] so that each output row is Kc elementwise multiply-adds over channels
-    // (vectorised), summed in the same order j = 0..Kc as before.
-    let wt: Vec<f32> = (0..kc).flat_map(|j| (0..ch).map(move |c| w[c * kc + j])).collect();
     let old: &[f32] = tail;
     crate::threads::par_rows(&mut y[..t * ch], ch, threads, |r0, block| {
         for (i, yr) in block.chunks_exact_mut(ch).enumerate() {
@@ -28,8 +33,12 @@ pub fn short_conv_silu(y: &mut [f32], x: &[f32], w: &[f32], tail: &mut [f32], ch
         }
         crate::ops::silu_inplace(block);
     });
-    let new_tail: Vec<f32> = (t..t + hist).flat_map(|i| xin_row(i, hist, ch, old, x).to_vec()).collect();
-    tail.copy_from_slice(&new_tail);
+    // New tail = rows t..t+hist of xin: the old tail's last hist − t rows (if any), then x's last
+    // min(t, hist) rows.
+    let keep = hist.saturating_sub(t);
+    tail.copy_within((hist - keep) * ch..hist * ch, 0);
+    let from_x = hist - keep;
+    tail[keep * ch..].copy_from_slice(&x[(t - from_x) * ch..t * ch]);
 }
 
 /// Row `i` of `xin = [tail ; x]` (tail: `hist` rows of `ch`).
