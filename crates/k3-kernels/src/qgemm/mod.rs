@@ -333,11 +333,9 @@ impl Packed {
 
     /// A new matrix of the rows `idx` (in that order), in the same layout.
     pub fn select_rows(&self, idx: &[usize]) -> Packed {
-        let mut codes = vec![0u8; self.nbp * BLOCK];
         Self::from_rows(self.kind, self.layout, idx.len(), self.cols, |i, c, d, m| {
             let r = idx[i];
-            self.row_codes(r, &mut codes);
-            c.copy_from_slice(&codes);
+            self.row_codes(r, c);
             for b in 0..self.nbp {
                 d[b] = self.d[self.scale_at(r, b)];
                 if self.kind == Kind::Q4_1 {
@@ -522,6 +520,28 @@ impl OutMat {
     #[inline(always)]
     pub(crate) unsafe fn put(self, r: usize, t: usize, v: f32) {
         *self.at(r, t) = v;
+    }
+}
+
+/// Walk `lo..hi` × tokens in tiles of at most `R × C`, calling `tile(o0, r, t0, c)`.
+pub(crate) fn tiles(
+    lo: usize,
+    hi: usize,
+    t: usize,
+    rmax: usize,
+    cmax: usize,
+    mut tile: impl FnMut(usize, usize, usize, usize),
+) {
+    let mut o0 = lo;
+    while o0 < hi {
+        let r = rmax.min(hi - o0);
+        let mut t0 = 0;
+        while t0 < t {
+            let c = cmax.min(t - t0);
+            tile(o0, r, t0, c);
+            t0 += c;
+        }
+        o0 += r;
     }
 }
 

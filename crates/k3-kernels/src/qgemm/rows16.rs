@@ -73,27 +73,19 @@ const PF_BYTES: usize = 8 * GROUP_BLOCK;
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
 pub unsafe fn gemm_avx512bw(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat) {
     debug_assert!(w.layout == Layout::Rows16 && (lo.is_multiple_of(ROWS) || lo >= hi));
-    let mut r0 = lo;
-    while r0 < hi {
-        let valid = (hi - r0).min(ROWS);
-        let mut t0 = 0;
-        while t0 < a.t {
-            let c = (a.t - t0).min(8);
-            let args = (w, a, r0, t0, valid, r0 - lo, out);
-            match c {
-                8 => x86::tile::<8>(args),
-                7 => x86::tile::<7>(args),
-                6 => x86::tile::<6>(args),
-                5 => x86::tile::<5>(args),
-                4 => x86::tile::<4>(args),
-                3 => x86::tile::<3>(args),
-                2 => x86::tile::<2>(args),
-                _ => x86::tile::<1>(args),
-            }
-            t0 += c;
+    super::tiles(lo, hi, a.t, ROWS, 8, |r0, valid, t0, c| {
+        let args = (w, a, r0, t0, valid, r0 - lo, out);
+        match c {
+            8 => x86::tile::<8>(args),
+            7 => x86::tile::<7>(args),
+            6 => x86::tile::<6>(args),
+            5 => x86::tile::<5>(args),
+            4 => x86::tile::<4>(args),
+            3 => x86::tile::<3>(args),
+            2 => x86::tile::<2>(args),
+            _ => x86::tile::<1>(args),
         }
-        r0 += ROWS;
-    }
+    });
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -4,7 +4,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{offset_term, Kind, OutMat, Packed, QActs, BLOCK};
+use super::{offset_term, tiles, Kind, OutMat, Packed, QActs, BLOCK};
 
 /// Per-row f32 scales and offsets of a row tile.
 struct RowScales {
@@ -28,21 +28,6 @@ impl RowScales {
     }
     fn mu(&self, i: usize) -> &[f32] {
         &self.mu[i * self.n..(i + 1) * self.n]
-    }
-}
-
-/// Walk `lo..hi` × tokens in tiles of at most `R × C`, calling `tile(o0, r, t0, c)`.
-fn tiles(lo: usize, hi: usize, t: usize, rmax: usize, cmax: usize, mut tile: impl FnMut(usize, usize, usize, usize)) {
-    let mut o0 = lo;
-    while o0 < hi {
-        let r = rmax.min(hi - o0);
-        let mut t0 = 0;
-        while t0 < t {
-            let c = cmax.min(t - t0);
-            tile(o0, r, t0, c);
-            t0 += c;
-        }
-        o0 += r;
     }
 }
 
@@ -228,32 +213,25 @@ unsafe fn tile512<const R: usize, const C: usize, const VNNI: bool>(
     }
 }
 
-/// The tile walk of both AVX-512 paths (inlined into each, which sets the target features).
+/// The `r × c` tile at (o0, t0), `r, c ≤ 4` (inlined into each AVX-512 entry point's walk, which
+/// sets the target features).
 #[inline(always)]
-unsafe fn gemm512<const VNNI: bool>(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat) {
-    const R: usize = 4;
-    const C: usize = 4;
-    // The walk of `tiles`, written out: a closure here would be compiled without the caller's
-    // target features (and its kernels not inlined) on a baseline-target build.
-    let mut o0 = lo;
-    while o0 < hi {
-        let r = R.min(hi - o0);
-        let mut t0 = 0;
-        while t0 < a.t {
-            let c = C.min(a.t - t0);
-            macro_rules! go {
-                ($($rr:literal, $cc:literal);*) => {
-                    match (r, c) {
-                        $(($rr, $cc) => tile512::<$rr, $cc, VNNI>(w, a, o0, t0, lo, out),)*
-                        _ => unreachable!("tiles are at most {R}x{C}"),
-                    }
-                };
+unsafe fn tile512_any<const VNNI: bool>(
+    w: &Packed,
+    a: &QActs,
+    (o0, r, t0, c): (usize, usize, usize, usize),
+    lo: usize,
+    out: OutMat,
+) {
+    macro_rules! go {
+        ($($rr:literal, $cc:literal);*) => {
+            match (r, c) {
+                $(($rr, $cc) => tile512::<$rr, $cc, VNNI>(w, a, o0, t0, lo, out),)*
+                _ => unreachable!("tiles are at most 4x4"),
             }
-            go!(4,4; 4,3; 4,2; 4,1; 3,4; 3,3; 3,2; 3,1; 2,4; 2,3; 2,2; 2,1; 1,4; 1,3; 1,2; 1,1);
-            t0 += c;
-        }
-        o0 += r;
+        };
     }
+    go!(4,4; 4,3; 4,2; 4,1; 3,4; 3,3; 3,2; 3,1; 2,4; 2,3; 2,2; 2,1; 1,4; 1,3; 1,2; 1,1);
 }
 
 /// AVX-512 VNNI: one vpdpbusd per block pair and row.
@@ -263,7 +241,7 @@ unsafe fn gemm512<const VNNI: bool>(w: &Packed, a: &QActs, lo: usize, hi: usize,
 /// 0..hi − lo and tokens 0..T.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
 pub unsafe fn gemm_avx512(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat) {
-    gemm512::<true>(w, a, lo, hi, out)
+    tiles(lo, hi, a.t, 4, 4, |o0, r, t0, c| tile512_any::<true>(w, a, (o0, r, t0, c), lo, out));
 }
 
 /// AVX-512 without VNNI (Skylake-SP, Cascade Lake parts without it): vpmaddubsw + vpmaddwd.
@@ -272,7 +250,7 @@ pub unsafe fn gemm_avx512(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutM
 /// The CPU must support AVX-512 F/BW/VL, FMA and F16C; `out` as for [`gemm_avx512`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
 pub unsafe fn gemm_avx512bw(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat) {
-    gemm512::<false>(w, a, lo, hi, out)
+    tiles(lo, hi, a.t, 4, 4, |o0, r, t0, c| tile512_any::<false>(w, a, (o0, r, t0, c), lo, out));
 }
 
 // ---------------------------------------------------------------------------------------------
