@@ -197,33 +197,66 @@ impl Matrix {
     }
 }
 
-/// `y_i = W_i · acts` for packed matrices sharing one quantized input, as one pool job: each
-/// matrix cut into bands of whole row tiles, a few per thread so uneven cores still balance.
+/// Tasks per thread of a packed product: few, because each task streams its rows as one
+/// sequential read that the prefetcher follows (one decode matvec pass over the 370M model's
+/// matrices reached 90% of the read probe at one task per thread and 80% at 16, examples/
+/// decode_stream_speed.rs); two when prefilling, where the work is compute and a slowed core
+/// should not hold the others up.
+fn tasks_per_thread(t: usize) -> usize {
+    if t == 1 {
+        2
+    } else {
+        4
+    }
+}
+
+/// Cut the matrices' rows, taken in order as one run, into about `n` segments of equal work, at
+/// the kernels' row tiles: task i is a list of `(matrix, lo, hi)` row ranges, contiguous in that
+/// run (a task may end one matrix and start the next).
+fn equal_work_tasks(shapes: &[(usize, usize, usize)], n: usize) -> Vec<Vec<(usize, usize, usize)>> {
+    let work: usize = shapes.iter().map(|&(rows, cols, _)| rows * cols).sum();
+    let per_task = work.div_ceil(n.max(1)).max(1);
+    let mut tasks = vec![Vec::new()];
+    let mut filled = 0;
+    for (j, &(rows, cols, align)) in shapes.iter().enumerate() {
+        let mut lo = 0;
+        while lo < rows {
+            if filled >= per_task {
+                tasks.push(Vec::new());
+                filled = 0;
+            }
+            let want = (per_task - filled).div_ceil(cols.max(1));
+            let take = want.next_multiple_of(align).max(align).min(rows - lo);
+            tasks.last_mut().expect("one task at least").push((j, lo, lo + take));
+            filled += take * cols;
+            lo += take;
+        }
+    }
+    tasks
+}
+
+/// `y_i = W_i · acts` for packed matrices sharing one quantized input, as one pool job: the
+/// matrices' rows cut into a few equal-work tasks per thread ([`equal_work_tasks`]).
 fn packed_products(jobs: &mut [(&Packed, &mut [f32])], acts: &QActs, threads: usize) {
     let t = acts.t;
     let isa = Isa::best().for_tokens(t);
     let work: usize = jobs.iter().map(|(p, _)| p.rows * p.cols * t).sum();
     let threads = if work < 1 << 15 { 1 } else { threads.max(1) };
-    // (job, lo, hi) for every band; bands start on the kernel's row tile (4 or 16 rows).
-    let mut bands = Vec::new();
-    for (j, (p, _)) in jobs.iter().enumerate() {
-        let (rows, align) = (p.rows, p.row_align());
-        let share = (threads * 4 * p.rows * p.cols * t).div_ceil(work.max(1)).max(1);
-        let tasks = if threads == 1 { 1 } else { share.min(rows.div_ceil(align)) };
-        let per = rows.div_ceil(tasks).next_multiple_of(align).min(rows.max(1));
-        bands.extend((0..rows.div_ceil(per)).map(|i| (j, i * per, ((i + 1) * per).min(rows))));
-    }
+    let shapes: Vec<(usize, usize, usize)> = jobs.iter().map(|(p, _)| (p.rows, p.cols, p.row_align())).collect();
+    let tasks = equal_work_tasks(&shapes, if threads == 1 { 1 } else { threads * tasks_per_thread(t) });
     let mut outs = Vec::with_capacity(jobs.len());
     for (p, y) in jobs.iter_mut() {
         assert_eq!(y.len(), t * p.rows, "output of a packed product is [T, rows]");
         outs.push((*p, SendPtr(y.as_mut_ptr())));
     }
-    crate::threads::Pool::global().run(threads, bands.len(), &|i| {
-        let (j, lo, hi) = bands[i];
-        let (p, out) = outs[j];
-        // SAFETY: y_j is [T, rows_j] (checked above) and stays mutably borrowed for this call;
-        // band i alone writes its columns lo..hi of every row.
-        unsafe { gemm_rows_out(isa, p, acts, lo, hi, OutMat::token_major(out.get(), lo, p.rows)) };
+    crate::threads::Pool::global().run(threads, tasks.len(), &|i| {
+        for &(j, lo, hi) in &tasks[i] {
+            let (p, out) = outs[j];
+            // SAFETY: y_j is [T, rows_j] (checked above) and stays mutably borrowed for this
+            // call; the segments of all tasks are disjoint, so this one alone writes columns
+            // lo..hi of every row of y_j.
+            unsafe { gemm_rows_out(isa, p, acts, lo, hi, OutMat::token_major(out.get(), lo, p.rows)) };
+        }
     });
 }
 
@@ -290,6 +323,31 @@ mod tests {
                     &want,
                     tol,
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn equal_work_tasks_cover_every_row_once_on_tiles() {
+        // (rows, cols, row tile): three matrices of unequal work, one not a multiple of its tile.
+        let shapes = [(1024, 1024, 16), (8, 1024, 4), (2816, 256, 16), (37, 64, 4)];
+        for n in [1, 2, 4, 7, 64] {
+            let tasks = equal_work_tasks(&shapes, n);
+            let mut seen: Vec<Vec<u8>> = shapes.iter().map(|s| vec![0; s.0]).collect();
+            for seg in tasks.iter().flatten() {
+                let (j, lo, hi) = *seg;
+                assert!(lo < hi && hi <= shapes[j].0, "n={n}: segment {seg:?}");
+                assert!(lo % shapes[j].2 == 0, "n={n}: segment {seg:?} starts off its row tile");
+                seen[j][lo..hi].iter_mut().for_each(|c| *c += 1);
+            }
+            assert!(seen.iter().flatten().all(|&c| c == 1), "n={n}: a row missed or repeated");
+            // About n tasks, none more than one row tile of work past the fair share.
+            let work: usize = shapes.iter().map(|s| s.0 * s.1).sum();
+            let fair = work.div_ceil(n);
+            assert!(tasks.len() <= n + shapes.len(), "n={n}: {} tasks", tasks.len());
+            for task in &tasks {
+                let w: usize = task.iter().map(|&(j, lo, hi)| (hi - lo) * shapes[j].1).sum();
+                assert!(w <= fair + 16 * 1024, "n={n}: a task of {w} against a share of {fair}");
             }
         }
     }

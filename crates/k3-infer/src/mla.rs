@@ -6,7 +6,7 @@
 //! S cached, C hidden, H heads, Dn/Dr/Dv, R = kv_lora_rank.
 
 use k3_config::MlaConfig;
-use k3_kernels::threads::par_rows;
+use k3_kernels::threads::{par_rows, Pool, SendPtr};
 use k3_kernels::{attention, ops, simd};
 
 use crate::kv::KvRows;
@@ -258,20 +258,9 @@ impl Mla {
             }
         } else {
             // q̃ = W_ukᵀ q_nope for every token of a head at once: [T, Dn] · k_bᵀ → [T, R].
-            let mut qabs = vec![0f32; t * h * r]; // [T, H, R]
-            let (mut xh, mut yh) = (vec![0f32; t * dn.max(r)], vec![0f32; t * r.max(dv)]);
-            for hh in 0..h {
-                for tt in 0..t {
-                    let src = tt * h * qk + hh * qk;
-                    xh[tt * dn..(tt + 1) * dn].copy_from_slice(&q[src..src + dn]);
-                }
-                self.k_b[hh].matmul(&xh[..t * dn], t, &mut yh[..t * r], cx);
-                for tt in 0..t {
-                    qabs[(tt * h + hh) * r..(tt * h + hh + 1) * r].copy_from_slice(&yh[tt * r..(tt + 1) * r]);
-                }
-            }
-            // Blocks of queries, all heads at once: [nq, H, R + Dr] rows `[q̃ ; q_r]` against the
-            // latent cache in one pass (attention::mla_attend_block).
+            let qabs = per_head_products(&self.k_b, &q, t, qk, cx); // [H, T, R]
+                                                                    // Blocks of queries, all heads at once: [nq, H, R + Dr] rows `[q̃ ; q_r]` against the
+                                                                    // latent cache in one pass (attention::mla_attend_block).
             const QB: usize = 16;
             let mut qb = vec![0f32; QB * h * (r + dr)];
             let mut lat = vec![0f32; t * h * r]; // [T, H, R]
@@ -279,8 +268,9 @@ impl Mla {
                 let nq = QB.min(t - t0);
                 for i in 0..nq {
                     for hh in 0..h {
-                        let (row, dst) = ((t0 + i) * h + hh, (i * h + hh) * (r + dr));
-                        qb[dst..dst + r].copy_from_slice(&qabs[row * r..(row + 1) * r]);
+                        let dst = (i * h + hh) * (r + dr);
+                        let src = (hh * t + t0 + i) * r;
+                        qb[dst..dst + r].copy_from_slice(&qabs[src..src + r]);
                         let src = (t0 + i) * h * qk + hh * qk + dn;
                         qb[dst + r..dst + r + dr].copy_from_slice(&q[src..src + dr]);
                     }
@@ -299,15 +289,11 @@ impl Mla {
                 );
             }
             // The values, per head for every token: [T, R] · v_bᵀ → [T, Dv].
+            let vals = per_head_products(&self.v_b, &lat, t, r, cx); // [H, T, Dv]
             for hh in 0..h {
                 for tt in 0..t {
-                    let row = tt * h + hh;
-                    xh[tt * r..(tt + 1) * r].copy_from_slice(&lat[row * r..(row + 1) * r]);
-                }
-                self.v_b[hh].matmul(&xh[..t * r], t, &mut yh[..t * dv], cx);
-                for tt in 0..t {
-                    let row = tt * h + hh;
-                    att[row * dv..(row + 1) * dv].copy_from_slice(&yh[tt * dv..(tt + 1) * dv]);
+                    let (row, src) = (tt * h + hh, (hh * t + tt) * dv);
+                    att[row * dv..(row + 1) * dv].copy_from_slice(&vals[src..src + dv]);
                 }
             }
         }
@@ -321,4 +307,25 @@ impl Mla {
         add_bias(&mut y, &self.o_bias);
         y
     }
+}
+
+/// `y_h = M_h x_h` for every head h over T tokens, x_h being the first `cols` values of head h's
+/// `stride`-wide slice of x [T, H, stride]: the heads in parallel on the pool, each product on
+/// one thread (a head's matrix is small, 256 × 128 at the bench shape: one pool job per layer
+/// instead of one per head).
+///
+/// # Shapes
+/// x: [T, H, stride] → [H, T, rows]
+fn per_head_products(ms: &[Matrix], x: &[f32], t: usize, stride: usize, cx: Compute) -> Vec<f32> {
+    let h = ms.len();
+    let (rows, cols) = ms.first().map_or((0, 0), |m| (m.rows, m.cols));
+    let mut y = vec![0f32; h * t * rows];
+    let base = SendPtr(y.as_mut_ptr());
+    Pool::global().run(cx.threads, h, &|hh| {
+        let xh: Vec<f32> = (0..t).flat_map(|tt| &x[(tt * h + hh) * stride..][..cols]).copied().collect();
+        // SAFETY: head hh alone writes its [T, rows] block of y, which outlives this job.
+        let yh = unsafe { std::slice::from_raw_parts_mut(base.get().add(hh * t * rows), t * rows) };
+        ms[hh].matmul(&xh, t, yh, cx.single());
+    });
+    y
 }

@@ -341,6 +341,11 @@ mod x86 {
         }
     }
 
+    /// One k-panel (k ≤ KC) of [`acc512`]: 32-column blocks of B, each against every 8-row tile
+    /// of A. With more than one row tile the block is first copied, widened, into a contiguous
+    /// [k, 32] buffer, so the tiles read B at a 128-byte stride instead of `ldb` (a power-of-two
+    /// stride such as a 4096-key cache's maps every row of the block onto the same few L1 sets:
+    /// the long-prefill scores ran at ~15 GMAC/s, examples/matmul_acc_speed.rs).
     #[allow(clippy::too_many_arguments)]
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
@@ -356,40 +361,35 @@ mod x86 {
         n: usize,
     ) {
         let (pc, pa) = (c.as_mut_ptr(), a.as_ptr());
-        let mut i0 = 0;
-        while i0 < m {
-            let rows = (m - i0).min(8);
-            let mut j0 = 0;
-            while j0 < n {
-                let mask: [__mmask16; 2] = std::array::from_fn(|q| {
-                    let left = n.saturating_sub(j0 + 16 * q).min(16);
-                    ((1u32 << left) - 1) as u16
-                });
-                macro_rules! tile {
-                    ($r:literal) => {{
-                        let mut acc = [[_mm512_setzero_ps(); 2]; $r];
-                        for r in 0..$r {
-                            for q in 0..2 {
-                                acc[r][q] = _mm512_maskz_loadu_ps(mask[q], pc.add((i0 + r) * ldc + j0 + 16 * q));
-                            }
-                        }
-                        for kk in 0..k {
-                            let bv: [__m512; 2] =
-                                std::array::from_fn(|q| load_b::<F16>(pb, kk * ldb + j0 + 16 * q, mask[q]));
-                            for r in 0..$r {
-                                let av = _mm512_set1_ps(*pa.add((i0 + r) * lda + kk));
-                                acc[r][0] = _mm512_fmadd_ps(av, bv[0], acc[r][0]);
-                                acc[r][1] = _mm512_fmadd_ps(av, bv[1], acc[r][1]);
-                            }
-                        }
-                        for r in 0..$r {
-                            for q in 0..2 {
-                                _mm512_mask_storeu_ps(pc.add((i0 + r) * ldc + j0 + 16 * q), mask[q], acc[r][q]);
-                            }
-                        }
-                    }};
+        let pack = m > 8;
+        let mut buf = if pack { vec![0f32; k * 32] } else { Vec::new() };
+        let mut j0 = 0;
+        while j0 < n {
+            let mask: [__mmask16; 2] = std::array::from_fn(|q| {
+                let left = n.saturating_sub(j0 + 16 * q).min(16);
+                ((1u32 << left) - 1) as u16
+            });
+            if pack {
+                for kk in 0..k {
+                    for q in 0..2 {
+                        let v = load_b::<F16>(pb, kk * ldb + j0 + 16 * q, mask[q]);
+                        _mm512_storeu_ps(buf.as_mut_ptr().add(kk * 32 + 16 * q), v);
+                    }
                 }
-                match rows {
+            }
+            let mut i0 = 0;
+            while i0 < m {
+                let at = Tile { pc: pc.add(i0 * ldc + j0), ldc, pa: pa.add(i0 * lda), lda, k, mask };
+                macro_rules! tile {
+                    ($r:literal) => {
+                        if pack {
+                            tile512::<$r, false>(at, buf.as_ptr() as *const u8, 32)
+                        } else {
+                            tile512::<$r, F16>(at, pb.add(j0 * if F16 { 2 } else { 4 }), ldb)
+                        }
+                    };
+                }
+                match (m - i0).min(8) {
                     1 => tile!(1),
                     2 => tile!(2),
                     3 => tile!(3),
@@ -399,9 +399,46 @@ mod x86 {
                     7 => tile!(7),
                     _ => tile!(8),
                 }
-                j0 += 32;
+                i0 += 8;
             }
-            i0 += 8;
+            j0 += 32;
+        }
+    }
+
+    /// An R × 32 tile of C (at `pc`, row stride `ldc`; columns outside `mask` untouched) plus
+    /// A's R rows (at `pa`, stride `lda`) times k rows of B's 32-column block.
+    #[derive(Clone, Copy)]
+    struct Tile {
+        pc: *mut f32,
+        ldc: usize,
+        pa: *const f32,
+        lda: usize,
+        k: usize,
+        mask: [__mmask16; 2],
+    }
+
+    /// [`Tile`] against B's block at `pb` (f32, or f16 bits with `F16`), row stride `ldb`
+    /// elements: the accumulators stay in registers across k.
+    #[inline(always)]
+    unsafe fn tile512<const R: usize, const F16: bool>(t: Tile, pb: *const u8, ldb: usize) {
+        let mut acc = [[_mm512_setzero_ps(); 2]; R];
+        for (r, acc) in acc.iter_mut().enumerate() {
+            for (q, acc) in acc.iter_mut().enumerate() {
+                *acc = _mm512_maskz_loadu_ps(t.mask[q], t.pc.add(r * t.ldc + 16 * q));
+            }
+        }
+        for kk in 0..t.k {
+            let bv: [__m512; 2] = std::array::from_fn(|q| load_b::<F16>(pb, kk * ldb + 16 * q, t.mask[q]));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let av = _mm512_set1_ps(*t.pa.add(r * t.lda + kk));
+                acc[0] = _mm512_fmadd_ps(av, bv[0], acc[0]);
+                acc[1] = _mm512_fmadd_ps(av, bv[1], acc[1]);
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            for (q, acc) in acc.iter().enumerate() {
+                _mm512_mask_storeu_ps(t.pc.add(r * t.ldc + 16 * q), t.mask[q], *acc);
+            }
         }
     }
 

@@ -32,6 +32,8 @@ struct Shared {
     /// The job being run, if any; workers join it only while it is here.
     slot: Mutex<Option<Arc<Job>>>,
     generation: AtomicU64,
+    /// Workers asleep (or about to sleep) on `wake`; `run` skips the wake-up syscall when none.
+    sleepers: AtomicUsize,
     wake: Condvar,
 }
 
@@ -65,9 +67,13 @@ fn worker(sh: &'static Shared, index: usize) {
                 continue;
             }
             let guard = sh.slot.lock().unwrap_or_else(|e| e.into_inner());
-            if sh.generation.load(Ordering::Acquire) == seen {
+            // Counted under the lock, which `run` holds while it bumps the generation: either it
+            // sees this sleeper and wakes it, or this worker sees the new generation here.
+            sh.sleepers.fetch_add(1, Ordering::SeqCst);
+            if sh.generation.load(Ordering::SeqCst) == seen {
                 let _ = sh.wake.wait_timeout(guard, Duration::from_millis(50));
             }
+            sh.sleepers.fetch_sub(1, Ordering::SeqCst);
         }
         seen = sh.generation.load(Ordering::Acquire);
         // Join under the lock, so `run` knows every participant before it clears the slot.
@@ -90,8 +96,12 @@ fn worker(sh: &'static Shared, index: usize) {
 
 impl Pool {
     fn new(workers: usize) -> Self {
-        let shared: &'static Shared =
-            Box::leak(Box::new(Shared { slot: Mutex::new(None), generation: AtomicU64::new(0), wake: Condvar::new() }));
+        let shared: &'static Shared = Box::leak(Box::new(Shared {
+            slot: Mutex::new(None),
+            generation: AtomicU64::new(0),
+            sleepers: AtomicUsize::new(0),
+            wake: Condvar::new(),
+        }));
         for i in 0..workers {
             std::thread::Builder::new()
                 .name(format!("k3-worker-{i}"))
@@ -131,10 +141,15 @@ impl Pool {
             active: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
         });
-        {
+        // Publish under the lock, wake after it: a spinning worker that sees the new generation
+        // then finds the lock free instead of sleeping on it behind the wake-up syscall.
+        let sleepers = {
             let mut slot = sh.slot.lock().unwrap_or_else(|e| e.into_inner());
             *slot = Some(Arc::clone(&job));
-            sh.generation.fetch_add(1, Ordering::AcqRel);
+            sh.generation.fetch_add(1, Ordering::SeqCst);
+            sh.sleepers.load(Ordering::SeqCst)
+        };
+        if sleepers > 0 {
             sh.wake.notify_all();
         }
         work(&job);
