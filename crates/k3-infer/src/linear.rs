@@ -198,10 +198,10 @@ impl Matrix {
 }
 
 /// Tasks per thread of a packed product: few, because each task streams its rows as one
-/// sequential read that the prefetcher follows (one decode matvec pass over the 370M model's
-/// matrices reached 90% of the read probe at one task per thread and 80% at 16, examples/
-/// decode_stream_speed.rs); two when prefilling, where the work is compute and a slowed core
-/// should not hold the others up.
+/// sequential read that the prefetcher follows (a one-off sweep over `examples/gemv_stream`'s
+/// matrices on the AVX-512-without-VNNI host: 90% of the read probe at one task per thread, 87%
+/// at 4, 80% at 16, 2 threads); two when decoding, so a core slowed from outside does not hold
+/// the other up for a whole half, and four when prefilling, where the work is compute.
 fn tasks_per_thread(t: usize) -> usize {
     if t == 1 {
         2

@@ -146,15 +146,16 @@ pub enum Layout {
     /// shift give both blocks' codes in element order. Q8: 32 bytes per block of `code + 128`.
     /// Scales [rows, nbp]. The VNNI, AMX and AVX2 kernels' layout.
     RowPairs,
-    /// Q4 only: 16 rows interleaved in 4-code groups per block ([`rows16`]), scales
-    /// [rows/16, nbp, 16]; rows padded to a multiple of 16. The AVX-512-without-VNNI kernel's.
+    /// 16 rows interleaved in 4-code groups per block ([`rows16`]; Q4 at a nibble a code, Q8 at a
+    /// byte), scales [rows/16, nbp, 16]; rows padded to a multiple of 16. The
+    /// AVX-512-without-VNNI kernels'.
     Rows16,
 }
 
 impl Layout {
-    /// The layout the fastest kernel for `kind` on this CPU ([`Isa::best`]) reads.
-    pub fn best_for(kind: Kind) -> Layout {
-        if kind != Kind::Q8_0 && Isa::best() == Isa::Avx512 {
+    /// The layout the fastest kernels on this CPU ([`Isa::best`]) read, for every kind.
+    pub fn best() -> Layout {
+        if Isa::best() == Isa::Avx512 {
             Layout::Rows16
         } else {
             Layout::RowPairs
@@ -181,8 +182,8 @@ impl Packed {
     /// Repack ggml rows of `ty` (`rows × ty.row_bytes(cols)` bytes) in the layout this CPU's
     /// kernels read. `None` for types the integer kernels do not take.
     pub fn pack(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Option<Packed> {
-        let kind = Self::kind_of(ty)?;
-        Self::pack_as(ty, rows, cols, data, Layout::best_for(kind))
+        Self::kind_of(ty)?;
+        Self::pack_as(ty, rows, cols, data, Layout::best())
     }
 
     fn kind_of(ty: GgmlType) -> Option<Kind> {
@@ -194,10 +195,10 @@ impl Packed {
         }
     }
 
-    /// [`Packed::pack`] in a given layout (`None` also for Q8_0 in [`Layout::Rows16`]).
+    /// [`Packed::pack`] in a given layout.
     pub fn pack_as(ty: GgmlType, rows: usize, cols: usize, data: &[u8], layout: Layout) -> Option<Packed> {
         let kind = Self::kind_of(ty)?;
-        if !cols.is_multiple_of(BLOCK) || (kind == Kind::Q8_0 && layout == Layout::Rows16) {
+        if !cols.is_multiple_of(BLOCK) {
             return None;
         }
         let nb = cols / BLOCK;
@@ -735,10 +736,7 @@ mod tests {
         {
             let w = rng.normals(rows * cols, 0.4);
             let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
-            let Some(p) = Packed::pack_as(ty, rows, cols, &data, layout) else {
-                assert!(ty == GgmlType::Q8_0 && layout == Layout::Rows16, "{} packs in {layout:?}", ty.name());
-                continue;
-            };
+            let p = Packed::pack_as(ty, rows, cols, &data, layout).expect("every type packs in every layout");
             let rb = ty.row_bytes(cols);
             let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
             let sel = p.select_rows(&[17, 4, 1]);

@@ -1,4 +1,4 @@
-//! The 16-row interleaved layout of Q4 weights ([`Layout::Rows16`]) and its AVX-512 kernel for
+//! The 16-row interleaved layout of Q4 and Q8_0 weights ([`Layout::Rows16`]) and its AVX-512 kernels for
 //! CPUs without VNNI.
 //!
 //! Per group of 16 rows and block of 32 codes, 256 bytes: byte `j·64 + r·4 + e` (j < 4, r < 16,
@@ -11,20 +11,41 @@
 //! saturation) and converted and scaled once per block for 16 rows, about a third of the row-pair
 //! tile's instructions per weight. A group's blocks are contiguous, so decode streams each band
 //! of rows as one sequential read. Scales are [rows/16, nbp, 16].
+//!
+//! Q8_0 in the same arrangement at a byte a code, 512 bytes per group and block: byte
+//! `j·64 + r·4 + e` (j < 8) holds code `4j + e` of row r (stored as code + 128, as in the row-pair
+//! layout). The kernel flips it back to signed and takes each 4-term product by the sign trick
+//! (|w| · x·sign(w): vpmaddubsw's pairs stay ≤ 2·128·127), widened to 32 bits per group.
 //! Dims: nbp blocks per row (even), R = 16 rows per group, C tokens per tile.
 
 use super::{Kind, Layout, OutMat, Packed, QActs, BLOCK};
 
 /// Rows per interleaved group.
 pub const ROWS: usize = 16;
-/// Bytes of codes per group and block.
+/// Bytes of Q4 codes per group and block.
 const GROUP_BLOCK: usize = ROWS * BLOCK / 2;
+/// Bytes of Q8 codes per group and block.
+const GROUP_BLOCK_Q8: usize = ROWS * BLOCK;
 
-/// Byte offset and nibble shift (0 or 4) of code k (< 32) of row r (< 16) within a group-block.
+/// Bytes of codes per group and block for `kind`.
+fn group_block(kind: Kind) -> usize {
+    if kind == Kind::Q8_0 {
+        GROUP_BLOCK_Q8
+    } else {
+        GROUP_BLOCK
+    }
+}
+
+/// Byte offset and nibble shift (0 or 4; always 0 for Q8) of code k (< 32) of row r (< 16)
+/// within a group-block.
 #[inline]
-fn code_at(r: usize, k: usize) -> (usize, u32) {
+fn code_at(kind: Kind, r: usize, k: usize) -> (usize, u32) {
     let (g, e) = (k / 4, k % 4);
-    ((g % 4) * 64 + r * 4 + e, 4 * (g / 4) as u32)
+    if kind == Kind::Q8_0 {
+        (g * 64 + r * 4 + e, 0)
+    } else {
+        ((g % 4) * 64 + r * 4 + e, 4 * (g / 4) as u32)
+    }
 }
 
 /// Index of row r's block b scale in `d` / `m`.
@@ -33,15 +54,17 @@ pub(crate) fn scale_at(nbp: usize, r: usize, b: usize) -> usize {
     ((r / ROWS) * nbp + b) * ROWS + r % ROWS
 }
 
-/// Store row r's codes (Q4, < 16), scales and mins (`nbp` each; mins only for Q4_1).
+/// Store row r's codes (Q4: < 16; Q8: code + 128), scales and mins (`nbp` each; mins only for
+/// Q4_1).
 pub(crate) fn store_row(p: &mut Packed, r: usize, codes: &[u8], d: &[u16], m: &[u16]) {
     debug_assert_eq!(p.layout, Layout::Rows16);
-    let nbp = p.nbp;
-    let base = (r / ROWS) * nbp * GROUP_BLOCK;
+    let (nbp, gb) = (p.nbp, group_block(p.kind));
+    let mask = if p.kind == Kind::Q8_0 { 0xFF } else { 0x0F };
+    let base = (r / ROWS) * nbp * gb;
     for b in 0..nbp {
         for k in 0..BLOCK {
-            let (at, shift) = code_at(r % ROWS, k);
-            p.qs[base + b * GROUP_BLOCK + at] |= (codes[b * BLOCK + k] & 0x0F) << shift;
+            let (at, shift) = code_at(p.kind, r % ROWS, k);
+            p.qs[base + b * gb + at] |= (codes[b * BLOCK + k] & mask) << shift;
         }
         let i = scale_at(nbp, r, b);
         p.d[i] = d[b];
@@ -53,11 +76,13 @@ pub(crate) fn store_row(p: &mut Packed, r: usize, codes: &[u8], d: &[u16], m: &[
 
 /// Row r's codes in element order (`nbp·32`).
 pub(crate) fn load_codes(p: &Packed, r: usize, codes: &mut [u8]) {
-    let base = (r / ROWS) * p.nbp * GROUP_BLOCK;
+    let gb = group_block(p.kind);
+    let mask = if p.kind == Kind::Q8_0 { 0xFF } else { 0x0F };
+    let base = (r / ROWS) * p.nbp * gb;
     for b in 0..p.nbp {
         for k in 0..BLOCK {
-            let (at, shift) = code_at(r % ROWS, k);
-            codes[b * BLOCK + k] = (p.qs[base + b * GROUP_BLOCK + at] >> shift) & 0x0F;
+            let (at, shift) = code_at(p.kind, r % ROWS, k);
+            codes[b * BLOCK + k] = (p.qs[base + b * gb + at] >> shift) & mask;
         }
     }
 }
@@ -75,6 +100,18 @@ pub unsafe fn gemm_avx512bw(w: &Packed, a: &QActs, lo: usize, hi: usize, out: Ou
     debug_assert!(w.layout == Layout::Rows16 && (lo.is_multiple_of(ROWS) || lo >= hi));
     super::tiles(lo, hi, a.t, ROWS, 8, |r0, valid, t0, c| {
         let args = (w, a, r0, t0, valid, r0 - lo, out);
+        if w.kind == Kind::Q8_0 {
+            return match c {
+                8 => x86::tile_q8::<8>(args),
+                7 => x86::tile_q8::<7>(args),
+                6 => x86::tile_q8::<6>(args),
+                5 => x86::tile_q8::<5>(args),
+                4 => x86::tile_q8::<4>(args),
+                3 => x86::tile_q8::<3>(args),
+                2 => x86::tile_q8::<2>(args),
+                _ => x86::tile_q8::<1>(args),
+            };
+        }
         match c {
             8 => x86::tile::<8>(args),
             7 => x86::tile::<7>(args),
@@ -92,7 +129,7 @@ pub unsafe fn gemm_avx512bw(w: &Packed, a: &QActs, lo: usize, hi: usize, out: Ou
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{Kind, OutMat, Packed, QActs, BLOCK, GROUP_BLOCK, PF_BYTES, ROWS};
+    use super::{Kind, OutMat, Packed, QActs, BLOCK, GROUP_BLOCK, GROUP_BLOCK_Q8, PF_BYTES, ROWS};
 
     /// (matrix, activations, first row of the group, first token, valid rows, output row of the
     /// group's first row, output).
@@ -148,6 +185,49 @@ mod x86 {
                     let t = _mm512_fmadd_ps(dot, _mm512_set1_ps(dxb), _mm512_set1_ps(-8.0 * sb));
                     acc[c] = _mm512_fmadd_ps(wd, t, acc[c]);
                 }
+            }
+        }
+        let mut lanes = [0f32; ROWS];
+        for c in 0..C {
+            _mm512_storeu_ps(lanes.as_mut_ptr(), acc[c]);
+            for (r, &v) in lanes.iter().enumerate().take(valid) {
+                out.put(orow + r, t0 + c, v);
+            }
+        }
+    }
+    /// Q8_0: 16 rows × C tokens over every block; per block eight 4-code groups, each a sign-trick
+    /// vpmaddubsw widened by vpmaddwd into 32-bit lanes, then `d_w·d_x·dot` per row lane (the codes
+    /// are flipped back to signed, so no offset term).
+    #[inline(always)]
+    pub(super) unsafe fn tile_q8<const C: usize>((w, a, r0, t0, valid, orow, out): TileArgs) {
+        let n = w.nbp;
+        let g = r0 / ROWS;
+        let q = w.qs.as_ptr().add(g * n * GROUP_BLOCK_Q8);
+        let d = w.d.as_ptr().add(g * n * ROWS);
+        let xq: [*const i8; C] = std::array::from_fn(|c| a.qs.as_ptr().add((t0 + c) * n * BLOCK));
+        let dx: [*const f32; C] = std::array::from_fn(|c| a.d.as_ptr().add((t0 + c) * n));
+        let (flip, ones, zero) = (_mm512_set1_epi8(-128), _mm512_set1_epi16(1), _mm512_setzero_si512());
+        let mut acc = [_mm512_setzero_ps(); C];
+        for b in 0..n {
+            let qb = q.add(b * GROUP_BLOCK_Q8);
+            for line in 0..GROUP_BLOCK_Q8 / 64 {
+                _mm_prefetch::<_MM_HINT_T0>(qb.wrapping_add(PF_BYTES + line * 64) as *const i8);
+            }
+            _mm_prefetch::<_MM_HINT_T0>(d.wrapping_add((b + PF_BYTES / GROUP_BLOCK_Q8) * ROWS) as *const i8);
+            let mut isum = [_mm512_setzero_si512(); C];
+            for j in 0..8 {
+                let v = _mm512_xor_si512(_mm512_loadu_si512(qb.add(j * 64) as *const _), flip); // signed codes
+                let (neg, mag) = (_mm512_movepi8_mask(v), _mm512_abs_epi8(v));
+                for c in 0..C {
+                    let x = _mm512_set1_epi32((xq[c].add(b * BLOCK + 4 * j) as *const i32).read_unaligned());
+                    let xs = _mm512_mask_sub_epi8(x, neg, zero, x); // x·sign(w)
+                    isum[c] = _mm512_add_epi32(isum[c], _mm512_madd_epi16(_mm512_maddubs_epi16(mag, xs), ones));
+                }
+            }
+            let wd = _mm512_cvtph_ps(_mm256_loadu_si256(d.add(b * ROWS) as *const __m256i));
+            for c in 0..C {
+                let dot = _mm512_cvtepi32_ps(isum[c]);
+                acc[c] = _mm512_fmadd_ps(wd, _mm512_mul_ps(dot, _mm512_set1_ps(*dx[c].add(b))), acc[c]);
             }
         }
         let mut lanes = [0f32; ROWS];
