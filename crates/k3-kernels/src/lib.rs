@@ -13,5 +13,6 @@ pub mod ops;
 pub mod qgemm;
 pub mod quant;
 pub mod simd;
+pub mod simd_avx2;
 pub mod testing;
 pub mod threads;

@@ -74,7 +74,7 @@ impl Elem for u16 {
 /// [`matmul_acc`] with row strides: `C[i, j] (= c[i·ldc + j]) += Σ_kk a[i·lda + kk] · b[kk·ldb + j]`,
 /// B in f32 or f16 bits ([`Elem`]).
 /// AVX-512: tiles of 8 rows × 32 columns held in registers across k, so B is streamed once per
-/// 8 rows of A; else the plain loops.
+/// 8 rows of A; AVX2: 6 × 16 tiles ([`crate::simd_avx2`]); else the plain loops.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_acc_strided<B: Elem>(
     c: &mut [f32],
@@ -94,6 +94,12 @@ pub fn matmul_acc_strided<B: Elem>(
     if crate::qgemm::Isa::best() >= crate::qgemm::Isa::Avx512 {
         // SAFETY: AVX-512F/BW/VL and F16C are present (Isa::best checks them); extents checked above.
         unsafe { x86::matmul_acc512(c, ldc, a, lda, b, ldb, m, k, n) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if avx2_f32() {
+        // SAFETY: AVX2, FMA and F16C are present (avx2_f32); extents checked above.
+        unsafe { crate::simd_avx2::matmul_acc256(c, ldc, a, lda, b, ldb, m, k, n) };
         return;
     }
     crate::ops::matmul_acc_ref(c, ldc, a, lda, &B::widened(&b[..extent(ldb, k, n)]), ldb, m, k, n)
@@ -124,7 +130,20 @@ pub fn matmul_nt_acc<B: Elem>(
         unsafe { x86::matmul_nt_acc512(c, ldc, a, lda, b, ldb, m, k, n) };
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if avx2_f32() {
+        // SAFETY: as in `matmul_acc_strided`.
+        unsafe { crate::simd_avx2::matmul_nt_acc256(c, ldc, a, lda, b, ldb, m, k, n) };
+        return;
+    }
     crate::ops::matmul_nt_acc_ref(c, ldc, a, lda, &B::widened(&b[..extent(ldb, n, k)]), ldb, m, k, n)
+}
+
+/// Whether the f32 products take their AVX2 forms ([`crate::simd_avx2`]): the chosen ISA is AVX2
+/// (no AVX-512, or `K3MINI_ISA=avx2`) and the CPU converts f16 (F16C).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn avx2_f32() -> bool {
+    crate::qgemm::Isa::best() >= crate::qgemm::Isa::Avx2 && is_x86_feature_detected!("f16c")
 }
 
 /// Values a strided [rows × cols] operand spans.
