@@ -82,6 +82,7 @@ pub fn kda_step_fused(
     let scale = 1.0 / (kd as f32).sqrt();
     let threads = if h * kd * vd < 1 << 14 { 1 } else { threads };
     let (sp, op) = (crate::attention::OutPtr(s.as_mut_ptr()), crate::attention::OutPtr(o.as_mut_ptr()));
+    let isa = crate::qgemm::Isa::best();
     crate::threads::Pool::global().run(threads, h, &|hh| {
         // SAFETY: head hh owns state rows [hh·K·V, (hh+1)·K·V) and outputs [hh·V, (hh+1)·V).
         let st = unsafe { sp.slice(hh * kd * vd, kd * vd) };
@@ -89,7 +90,7 @@ pub fn kda_step_fused(
         let (qh, kh, gh) = (&q[hh * kd..(hh + 1) * kd], &k[hh * kd..(hh + 1) * kd], &g[hh * kd..(hh + 1) * kd]);
         let decay: Vec<f32> = gh.iter().map(|g| g.exp()).collect(); // [K]
         if !crate::ops::reference_arithmetic()
-            && step_head_simd(st, kh, &decay, qh, scale, &v[hh * vd..(hh + 1) * vd], beta[hh], oh)
+            && step_head_simd(isa, st, kh, &decay, qh, scale, &v[hh * vd..(hh + 1) * vd], beta[hh], oh)
         {
             return;
         }
@@ -111,8 +112,8 @@ pub fn kda_step_fused(
     });
 }
 
-/// One head of [`kda_step_fused`] with u and o held in registers (AVX-512F, V a multiple of 16):
-/// the value columns in blocks of 128 (then 16), each block's pass 1 (u = Σ_i k_i e^{g_i} S_i)
+/// One head of [`kda_step_fused`] with u and o held in registers (AVX-512F, or AVX2 + FMA in
+/// blocks of 32 columns; V a multiple of 16): the value columns in blocks of 128 (then 16), each block's pass 1 (u = Σ_i k_i e^{g_i} S_i)
 /// and pass 2 (S_i ← e^{g_i} S_i + k_i δ, o += scale q_i S_i) over every row before the next
 /// block; columns never mix, so the blocks are independent. Returns false (nothing done) where
 /// the CPU or the shape has no such path.
@@ -121,6 +122,7 @@ pub fn kda_step_fused(
 /// st: [K, V]; k, decay, q: [K]; v, o: [V]
 #[allow(clippy::too_many_arguments)]
 fn step_head_simd(
+    isa: crate::qgemm::Isa,
     st: &mut [f32],
     k: &[f32],
     decay: &[f32],
@@ -132,17 +134,30 @@ fn step_head_simd(
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
+        use crate::qgemm::Isa;
         let vd = v.len();
-        if vd.is_multiple_of(16) && crate::qgemm::Isa::best() >= crate::qgemm::Isa::Avx512 {
+        let avx512 = isa >= Isa::Avx512 && Isa::Avx512.supported();
+        let avx2 = isa >= Isa::Avx2 && Isa::Avx2.supported();
+        if vd.is_multiple_of(16) && (avx512 || avx2) {
             let kd = k.len();
             assert!(st.len() == kd * vd && decay.len() == kd && q.len() == kd && o.len() == vd);
             let coef: Vec<f32> = k.iter().zip(decay).map(|(k, a)| k * a).collect();
             let qs: Vec<f32> = q.iter().map(|q| q * scale).collect();
             let rows = Rows { st: st.as_mut_ptr(), vd, k, decay, coef: &coef, qs: &qs, beta };
             let mut j = 0;
-            // SAFETY: AVX-512F is present (Isa::best); every block lies inside its row (j + width
-            // ≤ V) and st, v, o have the lengths asserted above.
+            // SAFETY: the ISA of each branch is present (checked above); every block lies inside
+            // its row (j + width ≤ V) and st, v, o have the lengths asserted above.
             unsafe {
+                if !avx512 {
+                    while j + 32 <= vd {
+                        x86::step_block256::<4>(&rows, j, v.as_ptr().add(j), o.as_mut_ptr().add(j));
+                        j += 32;
+                    }
+                    if j < vd {
+                        x86::step_block256::<2>(&rows, j, v.as_ptr().add(j), o.as_mut_ptr().add(j));
+                    }
+                    return true;
+                }
                 while j + 128 <= vd {
                     x86::step_block::<8>(&rows, j, v.as_ptr().add(j), o.as_mut_ptr().add(j));
                     j += 128;
@@ -155,7 +170,7 @@ fn step_head_simd(
             return true;
         }
     }
-    let _ = (st, k, decay, q, scale, v, beta, o);
+    let _ = (isa, st, k, decay, q, scale, v, beta, o);
     false
 }
 
@@ -208,6 +223,41 @@ mod x86 {
         }
         for (n, an) in acc.iter().enumerate() {
             _mm512_storeu_ps(o.add(16 * n), *an);
+        }
+    }
+
+    /// [`step_block`] in AVX2 + FMA: columns j..j + 8·NV (NV = 4, u and o in eight of the 16
+    /// registers; a 16-column tail with NV = 2).
+    ///
+    /// # Safety
+    /// AVX2 and FMA; columns j..j + 8·NV lie inside every row of `r.st`; v and o hold 8·NV values.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn step_block256<const NV: usize>(r: &super::Rows, j: usize, v: *const f32, o: *mut f32) {
+        let row = |i: usize| r.st.add(i * r.vd + j);
+        let mut u = [_mm256_setzero_ps(); NV];
+        for (i, &c) in r.coef.iter().enumerate() {
+            let (p, c) = (row(i), _mm256_set1_ps(c));
+            for (n, un) in u.iter_mut().enumerate() {
+                *un = _mm256_fmadd_ps(c, _mm256_loadu_ps(p.add(8 * n)), *un);
+            }
+        }
+        let b = _mm256_set1_ps(r.beta);
+        for (n, un) in u.iter_mut().enumerate() {
+            *un = _mm256_mul_ps(b, _mm256_sub_ps(_mm256_loadu_ps(v.add(8 * n)), *un));
+            // δ
+        }
+        let mut acc = [_mm256_setzero_ps(); NV];
+        for i in 0..r.coef.len() {
+            let p = row(i);
+            let (a, k, q) = (_mm256_set1_ps(r.decay[i]), _mm256_set1_ps(r.k[i]), _mm256_set1_ps(r.qs[i]));
+            for n in 0..NV {
+                let s = _mm256_fmadd_ps(a, _mm256_loadu_ps(p.add(8 * n)), _mm256_mul_ps(k, u[n]));
+                _mm256_storeu_ps(p.add(8 * n), s);
+                acc[n] = _mm256_fmadd_ps(q, s, acc[n]);
+            }
+        }
+        for (n, an) in acc.iter().enumerate() {
+            _mm256_storeu_ps(o.add(8 * n), *an);
         }
     }
 }
@@ -626,6 +676,27 @@ mod tests {
                 assert_close_ratio(&format!("o H={h} K={kd} step {r}"), &o2, &o1, Tol::KDA_CHUNK);
             }
             assert_close_ratio(&format!("S H={h} K={kd}"), &s2, &s1, Tol::KDA_CHUNK);
+        }
+    }
+
+    #[test]
+    fn head_step_matches_the_reference_on_every_simd_path() {
+        use crate::qgemm::Isa;
+        for &(kd, vd) in &[(128, 128), (32, 144), (16, 48)] {
+            let [q, k, v, g, beta, s0] = inputs(1, 1, kd, vd, 0.5, vd as u64);
+            let (mut o1, mut s1) = (vec![0.0; vd], s0.clone());
+            kda_step(&mut o1, &q, &k, &v, &g, &beta, &mut s1, kd, vd);
+            let decay: Vec<f32> = g.iter().map(|x| x.exp()).collect();
+            let scale = 1.0 / (kd as f32).sqrt();
+            for isa in Isa::available() {
+                let (mut o2, mut s2) = (vec![f32::NAN; vd], s0.clone());
+                if step_head_simd(isa, &mut s2, &k, &decay, &q, scale, &v, beta[0], &mut o2) {
+                    assert_close_ratio(&format!("o {} K={kd} V={vd}", isa.name()), &o2, &o1, Tol::KDA_CHUNK);
+                    assert_close_ratio(&format!("S {} K={kd} V={vd}", isa.name()), &s2, &s1, Tol::KDA_CHUNK);
+                } else {
+                    assert!(isa < Isa::Avx2, "{} has a register-held step", isa.name());
+                }
+            }
         }
     }
 
