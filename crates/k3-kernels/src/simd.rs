@@ -558,15 +558,21 @@ mod x86 {
                     (8, _) => tile!(8, 1),
                     (4..=7, 2) => tile!(4, 2),
                     (4..=7, _) => tile!(4, 1),
+                    (3, 2) => tile!(3, 2),
+                    (3, _) => tile!(3, 1),
+                    (2, 2) => tile!(2, 2),
+                    (2, _) => tile!(2, 1),
                     (_, 2) => tile!(1, 2),
                     _ => tile!(1, 1),
                 }
                 j0 += cols;
             }
+            // Tiles of 2 and 3 rows: a decode step's G query heads per KV head (SmolLM2: 3)
+            // share each key's load and f16 widening.
             i0 += match rows {
                 8 => 8,
                 4..=7 => 4,
-                _ => 1,
+                r => r,
             };
         }
     }

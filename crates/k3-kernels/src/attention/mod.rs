@@ -1,6 +1,7 @@
 //! Softmax attention over a cache: GQA for Llama (here) and MLA in its absorbed (latent, MQA)
 //! form ([`mla`]).
 
+mod decode;
 mod mla;
 pub use mla::{mla_attend, mla_attend_block, mla_attend_ref};
 
@@ -70,7 +71,8 @@ pub(crate) fn causal_probabilities(row: &mut [f32], vis: usize, scale: f32, f16_
     row[vis..].fill(0.0);
 }
 
-/// [`gqa_attend_ref`] in blocks (see [`attend_blocked`]); under reference arithmetic
+/// [`gqa_attend_ref`] in blocks (see [`attend_blocked`]), a one-token step over 1,024+ positions
+/// with the positions split over the threads (`decode::gqa_decode_split`); under reference arithmetic
 /// ([`crate::ops::set_reference_arithmetic`]), one (query, head) pair at a time in the reference's
 /// summation order.
 #[allow(clippy::too_many_arguments)]
@@ -91,7 +93,11 @@ pub fn gqa_attend(
         let threads = if (past + t) * t * hq * d < 1 << 15 { 1 } else { threads };
         return gqa_attend_pairs(out, q, &kc.to_f32(), &vc.to_f32(), hq, hkv, d, past, f16_kq, threads);
     }
-    attend_blocked(out, q, Keys::Rows(kc), vc, Heads { hq, hkv, dk: d, dv: d }, past, f16_kq, threads)
+    let heads = Heads { hq, hkv, dk: d, dv: d };
+    if q.len() == hq * d && threads > 1 && past + 1 >= decode::SPLIT_MIN {
+        return decode::gqa_decode_split(out, q, kc, vc, heads, past + 1, f16_kq, threads);
+    }
+    attend_blocked(out, q, Keys::Rows(kc), vc, heads, past, f16_kq, threads)
 }
 
 /// The keys of [`attend_blocked`]: cache rows [S, Hkv, dk] (GQA's cache), or per head a [dk, n]
@@ -329,12 +335,13 @@ mod tests {
     fn parallel_attention_matches_the_references() {
         let mut rng = Rng::new(21);
         for f16 in [false, true] {
-            // GQA: new queries after cached positions (a decode step, a few, more than one
+            // GQA: new queries after cached positions (decode steps, a few, more than one
             // block of queries, more than one kernel panel of keys), 6 query heads over 2 KV heads,
             // blocked and (reference arithmetic) per pair, at 1–3 threads, over an f32 cache and
             // an f16 one holding the same (f16-representable) values.
             let (hq, hkv, d) = (6, 2, 16);
-            for (t, past) in [(1, 70), (3, 40), (37, 5), (2, 1100)] {
+            // Decode steps over 1,500 and 2,600 positions take the split path at 2 and 3 threads.
+            for (t, past) in [(1, 70), (3, 40), (37, 5), (2, 1100), (1, 1500), (1, 2600)] {
                 let q = rng.normals(t * hq * d, 1.0);
                 let f16_values = |rng: &mut Rng| {
                     let mut v = rng.normals((past + t) * hkv * d, 1.0);
