@@ -40,13 +40,16 @@ pub(crate) fn gqa_decode_split(
     let stats = hkv * shares * g; // (KV head, share, row)
     let (mut maxes, mut sums) = (vec![0f32; stats], vec![0f32; stats]);
     let (e, mx, sm) = (OutPtr(ex.as_mut_ptr()), OutPtr(maxes.as_mut_ptr()), OutPtr(sums.as_mut_ptr()));
-    let block_of = |kvh: usize, k: usize, n: usize| (kvh * s + k * per) * g..(kvh * s + k * per) * g + g * n;
-    crate::threads::Pool::global().run(threads, hkv * shares, &|task| {
-        let (kvh, k) = (task / shares, task % shares);
+    // Task i: KV head kvh, share k: its positions, its block of `ex` and its first stats row.
+    let task_of = |i: usize| {
+        let (kvh, k) = (i / shares, i % shares);
         let js = span(k);
+        let at = (kvh * s + k * per) * g..(kvh * s + k * per) * g + g * js.len();
+        (kvh, js, at, (kvh * shares + k) * g)
+    };
+    crate::threads::Pool::global().run(threads, hkv * shares, &|task| {
+        let (kvh, js, at, st) = task_of(task);
         let n = js.len();
-        let at = block_of(kvh, k, n);
-        let st = (kvh * shares + k) * g;
         // SAFETY: task (kvh, k) alone writes its block of `ex` and its rows of `maxes` / `sums`.
         let (block, mk, sk) = unsafe { (e.slice(at.start, at.len()), mx.slice(st, g), sm.slice(st, g)) };
         let rows = &a[kvh * g * dk..(kvh + 1) * g * dk];
@@ -78,11 +81,8 @@ pub(crate) fn gqa_decode_split(
     let mut partial = vec![0f32; stats * dv];
     let (e, po) = (OutPtr(ex.as_mut_ptr()), OutPtr(partial.as_mut_ptr()));
     crate::threads::Pool::global().run(threads, hkv * shares, &|task| {
-        let (kvh, k) = (task / shares, task % shares);
-        let js = span(k);
+        let (kvh, js, at, st) = task_of(task);
         let n = js.len();
-        let at = block_of(kvh, k, n);
-        let st = (kvh * shares + k) * g;
         // SAFETY: task (kvh, k) alone reads and writes its block of `ex` and its rows of `partial`.
         let (block, ok) = unsafe { (e.slice(at.start, at.len()), po.slice(st * dv, g * dv)) };
         for (i, row) in block.chunks_exact_mut(n).enumerate() {
