@@ -267,41 +267,50 @@ mod x86 {
             let close = |g: f32, w: f32, k: usize| (g - w).abs() <= 1e-5 * (1.0 + w.abs()) * (k as f32).sqrt();
             let halves = |x: &[f32]| x.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect::<Vec<u16>>();
             let widen = |x: &[u16]| x.iter().map(|&h| half::f16::from_bits(h).to_f32()).collect::<Vec<f32>>();
+            // B in f32 and in f16 bits holding the same values: the two must give the same
+            // products, bit for bit, and agree with the loops' `want`.
+            let check = |name: &str, want: &[f32], c0: &[f32], k: usize, run: &dyn Fn(&mut [f32], bool)| {
+                let (mut g32, mut g16) = (c0.to_vec(), c0.to_vec());
+                run(&mut g32, false);
+                run(&mut g16, true);
+                assert_eq!(g32, g16, "{name}: f16 B gives other products than the widened B");
+                for (i, (g, w)) in g32.iter().zip(want).enumerate() {
+                    assert!(close(*g, *w, k), "{name} {i}: {g} vs {w}");
+                }
+                g32
+            };
             for &(m, k, n) in &[(1, 1, 1), (3, 5, 17), (7, 33, 70), (13, 300, 37), (6, 8, 16), (64, 64, 128)] {
                 let (lda, ldb, ldc) = (k + 3, n + 5, n + 2);
                 let a = rng.normals(m * lda, 1.0);
                 let c0 = rng.normals(m * ldc, 1.0);
-                // A·B with B [k, n] (stride ldb), in f32 and in f16 bits.
+                // A·B with B [k, n] (stride ldb).
                 let b = widen(&halves(&rng.normals(k * ldb, 1.0)));
+                let bh = halves(&b);
                 let mut want = c0.clone();
                 crate::ops::matmul_acc_ref(&mut want, ldc, &a, lda, &b, ldb, m, k, n);
-                let (mut g32, mut g16) = (c0.clone(), c0.clone());
-                unsafe {
-                    matmul_acc256(&mut g32, ldc, &a, lda, &b, ldb, m, k, n);
-                    matmul_acc256(&mut g16, ldc, &a, lda, &halves(&b), ldb, m, k, n);
-                }
-                assert_eq!(g32, g16, "f16 B [{m}x{k}x{n}]: the same products as on the widened B");
-                for (i, (g, w)) in g32.iter().zip(&want).enumerate() {
-                    let col = i % ldc;
-                    assert!(close(*g, *w, k), "acc [{m}x{k}x{n}] {i}: {g} vs {w}");
-                    if col >= n {
-                        assert_eq!(g, &c0[i], "acc [{m}x{k}x{n}]: padding column {col} touched");
+                let got = check(&format!("acc [{m}x{k}x{n}]"), &want, &c0, k, &|c, f16| unsafe {
+                    if f16 {
+                        matmul_acc256(c, ldc, &a, lda, &bh, ldb, m, k, n)
+                    } else {
+                        matmul_acc256(c, ldc, &a, lda, &b, ldb, m, k, n)
                     }
+                });
+                for (i, g) in got.iter().enumerate().filter(|(i, _)| i % ldc >= n) {
+                    assert_eq!(g, &c0[i], "acc [{m}x{k}x{n}]: padding element {i} touched");
                 }
                 // A·Bᵀ with B [n, k] (stride k + 1).
                 let ldbt = k + 1;
                 let bt = widen(&halves(&rng.normals(n * ldbt, 1.0)));
+                let bth = halves(&bt);
                 let mut want = c0.clone();
                 crate::ops::matmul_nt_acc_ref(&mut want, ldc, &a, lda, &bt, ldbt, m, k, n);
-                let (mut g32, mut g16) = (c0.clone(), c0.clone());
-                unsafe {
-                    matmul_nt_acc256(&mut g32, ldc, &a, lda, &bt, ldbt, m, k, n);
-                    matmul_nt_acc256(&mut g16, ldc, &a, lda, &halves(&bt), ldbt, m, k, n);
-                }
-                assert_eq!(g32, g16, "f16 Bt [{m}x{k}x{n}]");
-                for (i, (g, w)) in g32.iter().zip(&want).enumerate() {
-                    assert!(close(*g, *w, k), "nt [{m}x{k}x{n}] {i}: {g} vs {w}");
-                }
+                check(&format!("nt [{m}x{k}x{n}]"), &want, &c0, k, &|c, f16| unsafe {
+                    if f16 {
+                        matmul_nt_acc256(c, ldc, &a, lda, &bth, ldbt, m, k, n)
+                    } else {
+                        matmul_nt_acc256(c, ldc, &a, lda, &bt, ldbt, m, k, n)
+                    }
+                });
             }
         }
     }
