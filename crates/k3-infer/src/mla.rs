@@ -259,8 +259,9 @@ impl Mla {
         } else {
             // q̃ = W_ukᵀ q_nope for every token of a head at once: [T, Dn] · k_bᵀ → [T, R].
             let qabs = per_head_products(&self.k_b, &q, t, qk, cx); // [H, T, R]
-                                                                    // Blocks of queries, all heads at once: [nq, H, R + Dr] rows `[q̃ ; q_r]` against the
-                                                                    // latent cache in one pass (attention::mla_attend_block).
+
+            // Blocks of queries, all heads at once: [nq, H, R + Dr] rows `[q̃ ; q_r]` against the
+            // latent cache in one pass (attention::mla_attend_block).
             const QB: usize = 16;
             let mut qb = vec![0f32; QB * h * (r + dr)];
             let mut lat = vec![0f32; t * h * r]; // [T, H, R]

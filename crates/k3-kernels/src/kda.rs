@@ -112,11 +112,11 @@ pub fn kda_step_fused(
     });
 }
 
-/// One head of [`kda_step_fused`] with u and o held in registers (AVX-512F, or AVX2 + FMA in
-/// blocks of 32 columns; V a multiple of 16): the value columns in blocks of 128 (then 16), each block's pass 1 (u = Σ_i k_i e^{g_i} S_i)
-/// and pass 2 (S_i ← e^{g_i} S_i + k_i δ, o += scale q_i S_i) over every row before the next
-/// block; columns never mix, so the blocks are independent. Returns false (nothing done) where
-/// the CPU or the shape has no such path.
+/// One head of [`kda_step_fused`] with u and o held in registers (V a multiple of 16): the value
+/// columns in blocks (AVX-512F: 128, then 16; AVX2 + FMA: 32, then 16), each block's pass 1
+/// (u = Σ_i k_i e^{g_i} S_i) and pass 2 (S_i ← e^{g_i} S_i + k_i δ, o += scale q_i S_i) over
+/// every row before the next block; columns never mix, so the blocks are independent. Returns
+/// false (nothing done) where the CPU or the shape has no such path.
 ///
 /// # Shapes
 /// st: [K, V]; k, decay, q: [K]; v, o: [V]
@@ -141,9 +141,7 @@ fn step_head_simd(
         if vd.is_multiple_of(16) && (avx512 || avx2) {
             let kd = k.len();
             assert!(st.len() == kd * vd && decay.len() == kd && q.len() == kd && o.len() == vd);
-            let coef: Vec<f32> = k.iter().zip(decay).map(|(k, a)| k * a).collect();
-            let qs: Vec<f32> = q.iter().map(|q| q * scale).collect();
-            let rows = Rows { st: st.as_mut_ptr(), vd, k, decay, coef: &coef, qs: &qs, beta };
+            let rows = Rows { st: st.as_mut_ptr(), vd, k, decay, q, scale, beta };
             let mut j = 0;
             // SAFETY: the ISA of each branch is present (checked above); every block lies inside
             // its row (j + width ≤ V) and st, v, o have the lengths asserted above.
@@ -180,11 +178,10 @@ struct Rows<'a> {
     st: *mut f32,
     vd: usize,
     k: &'a [f32],
+    /// e^{g_i}
     decay: &'a [f32],
-    /// k_i e^{g_i}
-    coef: &'a [f32],
-    /// scale q_i
-    qs: &'a [f32],
+    q: &'a [f32],
+    scale: f32,
     beta: f32,
 }
 
@@ -200,21 +197,21 @@ mod x86 {
     pub(super) unsafe fn step_block<const NV: usize>(r: &super::Rows, j: usize, v: *const f32, o: *mut f32) {
         let row = |i: usize| r.st.add(i * r.vd + j);
         let mut u = [_mm512_setzero_ps(); NV];
-        for (i, &c) in r.coef.iter().enumerate() {
-            let (p, c) = (row(i), _mm512_set1_ps(c));
+        for (i, (&k, &a)) in r.k.iter().zip(r.decay).enumerate() {
+            let (p, c) = (row(i), _mm512_set1_ps(k * a));
             for (n, un) in u.iter_mut().enumerate() {
                 *un = _mm512_fmadd_ps(c, _mm512_loadu_ps(p.add(16 * n)), *un);
             }
         }
         let b = _mm512_set1_ps(r.beta);
+        // δ = β (v − u)
         for (n, un) in u.iter_mut().enumerate() {
             *un = _mm512_mul_ps(b, _mm512_sub_ps(_mm512_loadu_ps(v.add(16 * n)), *un));
-            // δ
         }
         let mut acc = [_mm512_setzero_ps(); NV];
-        for i in 0..r.coef.len() {
+        for i in 0..r.k.len() {
             let p = row(i);
-            let (a, k, q) = (_mm512_set1_ps(r.decay[i]), _mm512_set1_ps(r.k[i]), _mm512_set1_ps(r.qs[i]));
+            let (a, k, q) = (_mm512_set1_ps(r.decay[i]), _mm512_set1_ps(r.k[i]), _mm512_set1_ps(r.scale * r.q[i]));
             for n in 0..NV {
                 let s = _mm512_fmadd_ps(a, _mm512_loadu_ps(p.add(16 * n)), _mm512_mul_ps(k, u[n]));
                 _mm512_storeu_ps(p.add(16 * n), s);
@@ -235,21 +232,21 @@ mod x86 {
     pub(super) unsafe fn step_block256<const NV: usize>(r: &super::Rows, j: usize, v: *const f32, o: *mut f32) {
         let row = |i: usize| r.st.add(i * r.vd + j);
         let mut u = [_mm256_setzero_ps(); NV];
-        for (i, &c) in r.coef.iter().enumerate() {
-            let (p, c) = (row(i), _mm256_set1_ps(c));
+        for (i, (&k, &a)) in r.k.iter().zip(r.decay).enumerate() {
+            let (p, c) = (row(i), _mm256_set1_ps(k * a));
             for (n, un) in u.iter_mut().enumerate() {
                 *un = _mm256_fmadd_ps(c, _mm256_loadu_ps(p.add(8 * n)), *un);
             }
         }
         let b = _mm256_set1_ps(r.beta);
+        // δ = β (v − u)
         for (n, un) in u.iter_mut().enumerate() {
             *un = _mm256_mul_ps(b, _mm256_sub_ps(_mm256_loadu_ps(v.add(8 * n)), *un));
-            // δ
         }
         let mut acc = [_mm256_setzero_ps(); NV];
-        for i in 0..r.coef.len() {
+        for i in 0..r.k.len() {
             let p = row(i);
-            let (a, k, q) = (_mm256_set1_ps(r.decay[i]), _mm256_set1_ps(r.k[i]), _mm256_set1_ps(r.qs[i]));
+            let (a, k, q) = (_mm256_set1_ps(r.decay[i]), _mm256_set1_ps(r.k[i]), _mm256_set1_ps(r.scale * r.q[i]));
             for n in 0..NV {
                 let s = _mm256_fmadd_ps(a, _mm256_loadu_ps(p.add(8 * n)), _mm256_mul_ps(k, u[n]));
                 _mm256_storeu_ps(p.add(8 * n), s);

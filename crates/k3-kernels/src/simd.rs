@@ -352,19 +352,23 @@ mod x86 {
         // from L2 by every 32-column block (a long B, e.g. a 32K-row attention cache, would
         // otherwise be streamed once per column block).
         const KC: usize = 256;
+        // B's packed column block (see `panel512`), allocated once for every panel.
+        let mut buf = if m > 8 { vec![0f32; KC.min(k) * 32] } else { Vec::new() };
         let mut k0 = 0;
         while k0 < k {
             let kc = KC.min(k - k0);
-            panel512::<F16>(c, ldc, &a[k0..], lda, pb.add(k0 * ldb * if F16 { 2 } else { 4 }), ldb, m, kc, n);
+            let b0 = pb.add(k0 * ldb * if F16 { 2 } else { 4 });
+            panel512::<F16>(c, ldc, &a[k0..], lda, b0, ldb, m, kc, n, &mut buf);
             k0 += kc;
         }
     }
 
     /// One k-panel (k ≤ KC) of [`acc512`]: 32-column blocks of B, each against every 8-row tile
     /// of A. With more than one row tile the block is first copied, widened, into a contiguous
-    /// [k, 32] buffer, so the tiles read B at a 128-byte stride instead of `ldb` (a power-of-two
-    /// stride such as a 4096-key cache's maps every row of the block onto the same few L1 sets:
-    /// the long-prefill scores ran at ~15 GMAC/s, examples/matmul_acc_speed.rs).
+    /// [k, 32] buffer (`buf`, then at least k·32 values), so the tiles read B at a 128-byte
+    /// stride instead of `ldb` (a power-of-two stride such as a 4096-key cache's maps every row
+    /// of the block onto the same few L1 sets: the long-prefill scores ran at ~15 GMAC/s,
+    /// examples/matmul_acc_speed.rs).
     #[allow(clippy::too_many_arguments)]
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
@@ -378,10 +382,10 @@ mod x86 {
         m: usize,
         k: usize,
         n: usize,
+        buf: &mut [f32],
     ) {
         let (pc, pa) = (c.as_mut_ptr(), a.as_ptr());
         let pack = m > 8;
-        let mut buf = if pack { vec![0f32; k * 32] } else { Vec::new() };
         let mut j0 = 0;
         while j0 < n {
             let mask: [__mmask16; 2] = std::array::from_fn(|q| {

@@ -3,7 +3,7 @@
 //! both key and value. The per-head reference, and the block form the engine runs for prefill and
 //! decode over an f32 or f16 cache.
 
-use super::{causal_probabilities, OutPtr, Rows};
+use super::{causal_probabilities, split, OutPtr, Rows};
 
 /// Absorbed MLA for one query token (architecture.md §2(a)): for each head,
 /// `score_j = (q̃ · c_j + q_r · k_r_j) · scale`, `out = Σ_j softmax(score)_j · c_j` (in latent space).
@@ -112,7 +112,7 @@ pub fn mla_attend_block(
     }
     let threads = if s * rows * w < 1 << 15 { 1 } else { threads.max(1) };
     let lat = Latent { cache, r, dr };
-    if threads > 1 && nq == 1 && s >= SPLIT_MIN {
+    if threads > 1 && nq == 1 && s >= split::SPLIT_MIN {
         return decode_split(out, &qv, lat, s, scale, f16_kq, threads);
     }
     // One group of rows per thread: the products block the cache in L2-sized panels, so a
@@ -133,9 +133,6 @@ pub fn mla_attend_block(
         lat.values(oh, &sc, s, 0..s);
     });
 }
-
-/// Cache positions from which a multi-threaded decode step splits the positions, not the rows.
-const SPLIT_MIN: usize = 1024;
 
 /// The latent cache as the two products see it.
 #[derive(Clone, Copy)]
@@ -192,23 +189,9 @@ fn decode_split(out: &mut [f32], qv: &[f32], lat: Latent, s: usize, scale: f32, 
         let (block, mk, sk) =
             unsafe { (e.slice(rows * k * per, rows * n), mx.slice(k * rows, rows), sm.slice(k * rows, rows)) };
         lat.scores(block, n, qv, js); // `ex` starts zeroed
-        for (i, row) in block.chunks_exact_mut(n).enumerate() {
-            mk[i] = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) * scale;
-            sk[i] = crate::ops::exp_shifted_sum(row, scale, mk[i]);
-        }
+        split::share_exponentials(block, n, scale, mk, sk);
     });
-    // e^(m_k − m) / Σ_k e^(m_k − m)·sum_k: what turns share k's exponentials into probabilities.
-    let mut factor = vec![0f32; shares * rows];
-    for i in 0..rows {
-        let m = (0..shares).map(|k| maxes[k * rows + i]).fold(f32::NEG_INFINITY, f32::max);
-        for k in 0..shares {
-            factor[k * rows + i] = crate::ops::exp_fast(maxes[k * rows + i] - m);
-        }
-        let l: f32 = (0..shares).map(|k| factor[k * rows + i] * sums[k * rows + i]).sum();
-        for k in 0..shares {
-            factor[k * rows + i] /= l;
-        }
-    }
+    let factor = split::share_factors(&maxes, &sums, shares, rows);
     let mut partial = vec![0f32; shares * rows * r];
     let (e, po) = (OutPtr(ex.as_mut_ptr()), OutPtr(partial.as_mut_ptr()));
     crate::threads::Pool::global().run(threads, shares, &|k| {
@@ -216,20 +199,10 @@ fn decode_split(out: &mut [f32], qv: &[f32], lat: Latent, s: usize, scale: f32, 
         let n = js.len();
         // SAFETY: share k alone reads and writes its block of `ex` and its slice of `partial`.
         let (block, ok) = unsafe { (e.slice(rows * k * per, rows * n), po.slice(k * rows * r, rows * r)) };
-        for (i, row) in block.chunks_exact_mut(n).enumerate() {
-            let f = factor[k * rows + i];
-            row.iter_mut().for_each(|p| *p *= f);
-            if f16_kq {
-                crate::simd::round_f16_inplace(row);
-            }
-        }
+        split::share_probabilities(block, n, &factor[k * rows..(k + 1) * rows], f16_kq);
         lat.values(ok, block, n, js);
     });
-    let out = &mut out[..rows * r];
-    out.copy_from_slice(&partial[..rows * r]);
-    for k in 1..shares {
-        crate::ops::axpy(out, 1.0, &partial[k * rows * r..(k + 1) * rows * r]);
-    }
+    split::sum_shares(out, &partial, shares, rows, r);
 }
 
 #[cfg(test)]

@@ -182,7 +182,6 @@ impl Packed {
     /// Repack ggml rows of `ty` (`rows × ty.row_bytes(cols)` bytes) in the layout this CPU's
     /// kernels read. `None` for types the integer kernels do not take.
     pub fn pack(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Option<Packed> {
-        Self::kind_of(ty)?;
         Self::pack_as(ty, rows, cols, data, Layout::best())
     }
 

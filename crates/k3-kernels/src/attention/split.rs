@@ -1,12 +1,68 @@
-//! One query token against a long GQA cache with its positions split over the threads, as
-//! flash-decoding does and as [`super::mla`]'s `decode_split` does for the latent cache: with
-//! few KV heads (SmolLM2 has 3) one task per head left a thread idle, and each task streamed its
-//! head's whole cache.
+//! One query token against a long cache with its positions split over the threads, as
+//! flash-decoding does: the steps every split shares (a share's exponentials and their sums, the
+//! factors that turn them into the unsplit softmax, the sum of the shares' outputs), used by
+//! MLA's latent cache ([`super::mla`]) and here by GQA's (with few KV heads, SmolLM2's 3, one
+//! task per head left a thread idle, and each task streamed its head's whole cache).
+//!
+//! Per-share statistics are laid out [group, share, row]: one group for MLA (all heads' rows
+//! against the one latent cache), one per KV head for GQA.
 
 use super::{Heads, OutPtr, Rows};
 
 /// Fewest visible positions at which a one-token step splits them over the threads.
 pub(crate) const SPLIT_MIN: usize = 1024;
+
+/// Pass 1's end for one share: each row of scores (`block` [rows, n]) becomes
+/// e^(scale·x − m) in place, with m = scale·max and the exponentials' sum per row.
+pub(super) fn share_exponentials(block: &mut [f32], n: usize, scale: f32, maxes: &mut [f32], sums: &mut [f32]) {
+    for (i, row) in block.chunks_exact_mut(n).enumerate() {
+        maxes[i] = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) * scale;
+        sums[i] = crate::ops::exp_shifted_sum(row, scale, maxes[i]);
+    }
+}
+
+/// e^(m_k − m) / Σ_k e^(m_k − m)·sum_k for every [group, share, row]: what turns share k's
+/// exponentials into the row's probabilities.
+pub(super) fn share_factors(maxes: &[f32], sums: &[f32], shares: usize, rows: usize) -> Vec<f32> {
+    let mut factor = vec![0f32; maxes.len()];
+    for grp in 0..maxes.len() / (shares * rows) {
+        for i in 0..rows {
+            let at = |k: usize| (grp * shares + k) * rows + i;
+            let m = (0..shares).map(|k| maxes[at(k)]).fold(f32::NEG_INFINITY, f32::max);
+            for k in 0..shares {
+                factor[at(k)] = crate::ops::exp_fast(maxes[at(k)] - m);
+            }
+            let l: f32 = (0..shares).map(|k| factor[at(k)] * sums[at(k)]).sum();
+            for k in 0..shares {
+                factor[at(k)] /= l;
+            }
+        }
+    }
+    factor
+}
+
+/// Pass 2's start for one share: its exponentials ([rows, n]) scaled by the rows' `factors`
+/// into probabilities, rounded to f16 after normalising with `f16_kq` (as the unsplit path).
+pub(super) fn share_probabilities(block: &mut [f32], n: usize, factors: &[f32], f16_kq: bool) {
+    for (row, &f) in block.chunks_exact_mut(n).zip(factors) {
+        row.iter_mut().for_each(|p| *p *= f);
+        if f16_kq {
+            crate::simd::round_f16_inplace(row);
+        }
+    }
+}
+
+/// out [group, row, w] = Σ_k partial [group, share k, row, w].
+pub(super) fn sum_shares(out: &mut [f32], partial: &[f32], shares: usize, rows: usize, w: usize) {
+    for grp in 0..partial.len() / (shares * rows * w) {
+        let dst = &mut out[grp * rows * w..(grp + 1) * rows * w];
+        let at = |k: usize| (grp * shares + k) * rows * w;
+        dst.copy_from_slice(&partial[at(0)..at(0) + rows * w]);
+        for k in 1..shares {
+            crate::ops::axpy(dst, 1.0, &partial[at(k)..at(k) + rows * w]);
+        }
+    }
+}
 
 /// q: [Hq, dk] (one token), attending to the first `s` rows of kc [·, Hkv, dk] and vc
 /// [·, Hkv, dv]; out: [Hq, dv]. Pass 1 per (KV head, share of positions): the G query heads'
@@ -58,26 +114,9 @@ pub(crate) fn gqa_decode_split(
             Rows::F32(c) => crate::simd::matmul_nt_acc(block, n, rows, dk, &c[first..], hkv * dk, g, dk, n),
             Rows::F16(c) => crate::simd::matmul_nt_acc(block, n, rows, dk, &c[first..], hkv * dk, g, dk, n),
         }
-        for (i, row) in block.chunks_exact_mut(n).enumerate() {
-            mk[i] = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) * scale;
-            sk[i] = crate::ops::exp_shifted_sum(row, scale, mk[i]);
-        }
+        share_exponentials(block, n, scale, mk, sk);
     });
-    // e^(m_k − m) / Σ_k e^(m_k − m)·sum_k: what turns share k's exponentials into probabilities.
-    let mut factor = vec![0f32; stats];
-    for kvh in 0..hkv {
-        for i in 0..g {
-            let at = |k: usize| (kvh * shares + k) * g + i;
-            let m = (0..shares).map(|k| maxes[at(k)]).fold(f32::NEG_INFINITY, f32::max);
-            for k in 0..shares {
-                factor[at(k)] = crate::ops::exp_fast(maxes[at(k)] - m);
-            }
-            let l: f32 = (0..shares).map(|k| factor[at(k)] * sums[at(k)]).sum();
-            for k in 0..shares {
-                factor[at(k)] /= l;
-            }
-        }
-    }
+    let factor = share_factors(&maxes, &sums, shares, g);
     let mut partial = vec![0f32; stats * dv];
     let (e, po) = (OutPtr(ex.as_mut_ptr()), OutPtr(partial.as_mut_ptr()));
     crate::threads::Pool::global().run(threads, hkv * shares, &|task| {
@@ -85,27 +124,12 @@ pub(crate) fn gqa_decode_split(
         let n = js.len();
         // SAFETY: task (kvh, k) alone reads and writes its block of `ex` and its rows of `partial`.
         let (block, ok) = unsafe { (e.slice(at.start, at.len()), po.slice(st * dv, g * dv)) };
-        for (i, row) in block.chunks_exact_mut(n).enumerate() {
-            let f = factor[st + i];
-            row.iter_mut().for_each(|p| *p *= f);
-            if f16_kq {
-                crate::simd::round_f16_inplace(row);
-            }
-        }
+        share_probabilities(block, n, &factor[st..st + g], f16_kq);
         let first = (js.start * hkv + kvh) * dv;
         match vc {
             Rows::F32(c) => crate::simd::matmul_acc_strided(ok, dv, block, n, &c[first..], hkv * dv, g, n, dv),
             Rows::F16(c) => crate::simd::matmul_acc_strided(ok, dv, block, n, &c[first..], hkv * dv, g, n, dv),
         }
     });
-    for kvh in 0..hkv {
-        for i in 0..g {
-            let dst = &mut out[(kvh * g + i) * dv..(kvh * g + i + 1) * dv];
-            dst.fill(0.0);
-            for k in 0..shares {
-                let src = ((kvh * shares + k) * g + i) * dv;
-                crate::ops::axpy(dst, 1.0, &partial[src..src + dv]);
-            }
-        }
-    }
+    sum_shares(out, &partial, shares, g, dv);
 }
