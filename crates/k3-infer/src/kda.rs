@@ -9,6 +9,7 @@ use crate::linear::{Compute, Matrix};
 use crate::source::Source;
 use crate::threads;
 use crate::Result;
+use k3_kernels::threads::SendPtr;
 
 /// Chunk size of the prefill WY form.
 pub const CHUNK: usize = 64;
@@ -90,6 +91,14 @@ impl Kda {
     /// # Shapes
     /// x: [T, C] (after `input_layernorm`) → [T, C]; the state is advanced by T tokens.
     pub fn forward(&self, x: &[f32], t: usize, st: &mut KdaState, cx: Compute) -> Vec<f32> {
+        if t == 1 {
+            return self.decode(x, st, cx);
+        }
+        self.forward_tokens(x, t, st, cx)
+    }
+
+    /// The T-token form: each step over all heads in turn (prefill; also decode's reference).
+    fn forward_tokens(&self, x: &[f32], t: usize, st: &mut KdaState, cx: Compute) -> Vec<f32> {
         let (h, kd) = (self.h, self.kd);
         let w = h * kd;
         // Every projection of x at once (one activation quantization, one pool job).
@@ -122,23 +131,12 @@ impl Kda {
         }
 
         // Forget gate g (log-space, ≤ 0) and β.
-        // The libm forms only under reference arithmetic; else the inlined ones, which vectorise.
         let reference = ops::reference_arithmetic();
         let mut g = self.f_b.apply(&fa, t, cx); // [T, W]
         threads::par_rows(&mut g, w, cx.threads, |_, blk| {
             for row in blk.chunks_exact_mut(w) {
                 for (hh, gh) in row.chunks_exact_mut(kd).enumerate() {
-                    let (a, bias) = (self.a[hh], &self.dt_bias[hh * kd..(hh + 1) * kd]);
-                    let pairs = gh.iter_mut().zip(bias);
-                    match (self.decay, reference) {
-                        (KdaDecay::Softplus, false) => {
-                            pairs.for_each(|(gv, &bv)| *gv = -a * ops::softplus_fast(*gv + bv))
-                        }
-                        (KdaDecay::Softplus, true) => pairs.for_each(|(gv, &bv)| *gv = -a * ops::softplus(*gv + bv)),
-                        (KdaDecay::LowerBound(lb), _) => {
-                            pairs.for_each(|(gv, &bv)| *gv = lb * ops::sigmoid(a * (*gv + bv)))
-                        }
-                    }
+                    self.decay_gate(hh, gh, reference);
                 }
             }
         });
@@ -159,14 +157,170 @@ impl Kda {
         let mut normed = vec![0f32; t * w];
         threads::par_rows(&mut normed, w, cx.threads, |r0, blk| {
             let at = r0 * w..r0 * w + blk.len();
-            ops::rmsnorm(blk, &o[at.clone()], &self.o_norm, self.eps);
-            let pairs = blk.iter_mut().zip(&gate[at]);
-            if reference {
-                pairs.for_each(|(n, gv)| *n *= ops::sigmoid(*gv));
-            } else {
-                pairs.for_each(|(n, gv)| *n *= ops::sigmoid_fast(*gv));
-            }
+            self.gated_norm(blk, &o[at.clone()], &gate[at], reference);
         });
         self.o.apply(&normed, t, cx)
+    }
+
+    /// One token. The six input products in one pool job, f_b and the low-rank gate's second
+    /// factor in another, then one job over heads that runs, per head, everything between them
+    /// and o_proj: short conv + SiLU of its q / k / v channels, L2 norms, decay gate and β, the
+    /// delta-rule step, gated output norm. Per element the arithmetic of [`Self::forward_tokens`]
+    /// (the same bits), but no serial pass over W between the products.
+    ///
+    /// # Shapes
+    /// x: [1, C] → [1, C]
+    fn decode(&self, x: &[f32], st: &mut KdaState, cx: Compute) -> Vec<f32> {
+        let (h, kd, kc) = (self.h, self.kd, self.kc);
+        let w = h * kd;
+        let gate_in = match &self.gate {
+            OutGate::LowRank { a, .. } => a,
+            OutGate::Full(gm) => gm,
+        };
+        let [q, k, v, fa, beta, gate_a]: [Vec<f32>; 6] =
+            Matrix::apply_many(&[&self.q, &self.k, &self.v, &self.f_a, &self.b, gate_in], x, 1, cx)
+                .try_into()
+                .expect("six products");
+        let (g, gate) = match &self.gate {
+            OutGate::LowRank { b, .. } => {
+                let [g, gate]: [Vec<f32>; 2] =
+                    Matrix::apply_each(&[(&self.f_b, &fa), (b, &gate_a)], 1, cx).try_into().expect("two products");
+                (g, gate)
+            }
+            OutGate::Full(_) => (self.f_b.apply(&fa, 1, cx), gate_a),
+        };
+        let reference = ops::reference_arithmetic();
+        let isa = k3_kernels::qgemm::Isa::best();
+        let hist = (kc - 1) * w;
+        let mut normed = vec![0f32; w];
+        let (tail, s, out) = (SendPtr(st.conv.as_mut_ptr()), SendPtr(st.s.as_mut_ptr()), SendPtr(normed.as_mut_ptr()));
+        let threads = if h * kd * kd < 1 << 14 { 1 } else { cx.threads };
+        threads::Pool::global().run(threads, h, &|hh| {
+            let c = hh * kd..(hh + 1) * kd;
+            // SAFETY: head hh alone touches channels c of the three conv tails ([Kc − 1, W] each),
+            // its state rows [hh·K·K, (hh+1)·K·K) and its outputs c of `normed`.
+            let (sh, nh) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(s.get().add(hh * kd * kd), kd * kd),
+                    std::slice::from_raw_parts_mut(out.get().add(c.start), kd),
+                )
+            };
+            let mut buf = vec![0f32; 5 * kd];
+            let (qkv, rest) = buf.split_at_mut(3 * kd);
+            let (gh, oh) = rest.split_at_mut(kd);
+            for (p, (part, xin)) in qkv.chunks_exact_mut(kd).zip([&q, &k, &v]).enumerate() {
+                let taps = &self.conv_w[p * w * kc..(p + 1) * w * kc];
+                // SAFETY: tail part p is [Kc − 1, W] at p·hist; channels c are this task's.
+                unsafe { conv::short_conv_silu_step(part, xin, taps, tail.get().add(p * hist), w, kc, c.start) };
+            }
+            let (qh, rest) = qkv.split_at_mut(kd);
+            let (kh, vh) = rest.split_at_mut(kd);
+            for m in [&mut *qh, &mut *kh] {
+                if cx.exact {
+                    ops::l2norm_inplace(m, kd, 1e-6);
+                } else {
+                    ops::l2norm_ggml_inplace(m, kd, self.eps);
+                }
+            }
+            gh.copy_from_slice(&g[c.clone()]);
+            self.decay_gate(hh, gh, reference);
+            core::kda_step_head(isa, oh, qh, kh, vh, gh, ops::sigmoid(beta[hh]), sh);
+            self.gated_norm(nh, oh, &gate[c], reference);
+        });
+        self.o.apply(&normed, 1, cx)
+    }
+
+    /// Head hh's forget gate in place, from `f_b`'s output: `−a·softplus(g + dt_bias)` (or the
+    /// lower-bound sigmoid form). The libm forms only under reference arithmetic; else the
+    /// inlined ones, which vectorise.
+    fn decay_gate(&self, hh: usize, gh: &mut [f32], reference: bool) {
+        let (a, bias) = (self.a[hh], &self.dt_bias[hh * self.kd..(hh + 1) * self.kd]);
+        let pairs = gh.iter_mut().zip(bias);
+        match (self.decay, reference) {
+            (KdaDecay::Softplus, false) => pairs.for_each(|(gv, &bv)| *gv = -a * ops::softplus_fast(*gv + bv)),
+            (KdaDecay::Softplus, true) => pairs.for_each(|(gv, &bv)| *gv = -a * ops::softplus(*gv + bv)),
+            (KdaDecay::LowerBound(lb), _) => pairs.for_each(|(gv, &bv)| *gv = lb * ops::sigmoid(a * (*gv + bv))),
+        }
+    }
+
+    /// Gated per-head RMSNorm: `y = rmsnorm(o) · σ(gate)` (normalise first, gate second).
+    fn gated_norm(&self, y: &mut [f32], o: &[f32], gate: &[f32], reference: bool) {
+        ops::rmsnorm(y, o, &self.o_norm, self.eps);
+        let pairs = y.iter_mut().zip(gate);
+        if reference {
+            pairs.for_each(|(n, gv)| *n *= ops::sigmoid(*gv));
+        } else {
+            pairs.for_each(|(n, gv)| *n *= ops::sigmoid_fast(*gv));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k3_kernels::quant::GgmlType;
+    use k3_kernels::testing::Rng;
+
+    fn matrix(rng: &mut Rng, rows: usize, cols: usize, ty: GgmlType) -> Matrix {
+        let w = rng.normals(rows * cols, 0.3);
+        Matrix::new(rows, cols, ty, w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect())
+    }
+
+    fn layer(rng: &mut Rng, ty: GgmlType, low_rank: bool, decay: KdaDecay) -> Kda {
+        let (h, kd, kc, c) = (8, 64, 4, 96);
+        let w = h * kd;
+        let gate = if low_rank {
+            OutGate::LowRank { a: matrix(rng, kd, c, ty), b: matrix(rng, w, kd, ty) }
+        } else {
+            OutGate::Full(matrix(rng, w, c, ty))
+        };
+        Kda {
+            q: matrix(rng, w, c, ty),
+            k: matrix(rng, w, c, ty),
+            v: matrix(rng, w, c, ty),
+            conv_w: rng.normals(3 * w * kc, 0.5),
+            f_a: matrix(rng, kd, c, ty),
+            f_b: matrix(rng, w, kd, ty),
+            a: rng.normals(h, 0.5).iter().map(|v| v.exp()).collect(),
+            dt_bias: rng.normals(w, 0.5),
+            b: matrix(rng, h, c, ty),
+            gate,
+            o_norm: rng.normals(kd, 0.2).iter().map(|v| 1.0 + v).collect(),
+            o: matrix(rng, c, w, ty),
+            decay,
+            h,
+            kd,
+            kc,
+            eps: 1e-6,
+        }
+    }
+
+    /// The fused one-token path gives the T-token path's bits (output and both states), for
+    /// packed and f32 weights, both gates and decays, quantized and exact activations, 1 and 2
+    /// threads.
+    #[test]
+    fn fused_decode_matches_the_token_path_bit_for_bit() {
+        let mut rng = Rng::new(11);
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        for (ty, low_rank, decay) in [
+            (GgmlType::Q4_0, true, KdaDecay::Softplus),
+            (GgmlType::Q8_0, false, KdaDecay::LowerBound(-5.0)),
+            (GgmlType::F32, true, KdaDecay::Softplus),
+        ] {
+            let kda = layer(&mut rng, ty, low_rank, decay);
+            for (threads, exact) in [(1, false), (2, false), (2, true)] {
+                let cx = Compute { threads, exact };
+                let (mut fused, mut tokens) = (kda.new_state(), kda.new_state());
+                for step in 0..3 {
+                    let x = rng.normals(96, 1.0);
+                    let (a, b) = (kda.decode(&x, &mut fused, cx), kda.forward_tokens(&x, 1, &mut tokens, cx));
+                    let what = format!("{ty:?} low_rank {low_rank} {decay:?} {cx:?} step {step}");
+                    assert!(a.iter().all(|v| v.is_finite()), "{what}: non-finite output");
+                    assert_eq!(bits(&a), bits(&b), "{what}: output");
+                    assert_eq!(bits(&fused.s), bits(&tokens.s), "{what}: delta-rule state");
+                    assert_eq!(bits(&fused.conv), bits(&tokens.conv), "{what}: conv tails");
+                }
+            }
+        }
     }
 }

@@ -96,7 +96,7 @@ impl Matrix {
     /// The integer-kernel path: activations quantized once, row bands on the pool.
     fn matmul_packed(&self, p: &Packed, x: &[f32], t: usize, y: &mut [f32], threads: usize) {
         let acts = QActs::quantize_threads(x, t, self.cols, threads);
-        packed_products(&mut [(p, y)], &acts, threads);
+        packed_products(&mut [(p, &acts, y)], threads);
     }
 
     /// `Y[t, o] = Σ_i X[t, i] · W[o, i]` over `t` rows of x.
@@ -190,9 +190,36 @@ impl Matrix {
         }
         let mut ys: Vec<Vec<f32>> = ms.iter().map(|m| vec![0f32; t * m.rows]).collect();
         let acts = QActs::quantize_threads(x, t, cols, cx.threads);
-        let mut jobs: Vec<(&Packed, &mut [f32])> =
-            packed.into_iter().zip(ys.iter_mut().map(|y| y.as_mut_slice())).collect();
-        packed_products(&mut jobs, &acts, cx.threads);
+        let mut jobs: Vec<(&Packed, &QActs, &mut [f32])> =
+            packed.into_iter().zip(ys.iter_mut()).map(|(p, y)| (p, &acts, y.as_mut_slice())).collect();
+        packed_products(&mut jobs, cx.threads);
+        ys
+    }
+
+    /// Several matrices, each applied to its own input (KDA's f_b and its low-rank gate's b):
+    /// `[m.apply(x) for (m, x) in pairs]`, as one pool job when every matrix takes the integer
+    /// kernels; else one by one.
+    ///
+    /// # Shapes
+    /// x_i: [T, cols_i] → [T, rows_i]
+    pub fn apply_each(pairs: &[(&Matrix, &[f32])], t: usize, cx: Compute) -> Vec<Vec<f32>> {
+        let packed: Option<Vec<&Packed>> = pairs.iter().map(|(m, _)| m.packed.as_deref()).collect();
+        let packed = match packed {
+            Some(p) if !cx.exact => p,
+            _ => return pairs.iter().map(|(m, x)| m.apply(x, t, cx)).collect(),
+        };
+        let mut acts = Vec::with_capacity(pairs.len());
+        for (m, x) in pairs {
+            debug_assert_eq!(x.len(), t * m.cols);
+            if let Some(n) = &m.name {
+                crate::calib::record(n, x, t, m.cols);
+            }
+            acts.push(QActs::quantize_threads(x, t, m.cols, cx.threads));
+        }
+        let mut ys: Vec<Vec<f32>> = pairs.iter().map(|(m, _)| vec![0f32; t * m.rows]).collect();
+        let mut jobs: Vec<(&Packed, &QActs, &mut [f32])> =
+            packed.into_iter().zip(&acts).zip(ys.iter_mut()).map(|((p, a), y)| (p, a, y.as_mut_slice())).collect();
+        packed_products(&mut jobs, cx.threads);
         ys
     }
 }
@@ -235,23 +262,25 @@ fn equal_work_tasks(shapes: &[(usize, usize, usize)], n: usize) -> Vec<Vec<(usiz
     tasks
 }
 
-/// `y_i = W_i · acts` for packed matrices sharing one quantized input, as one pool job: the
-/// matrices' rows cut into a few equal-work tasks per thread ([`equal_work_tasks`]).
-fn packed_products(jobs: &mut [(&Packed, &mut [f32])], acts: &QActs, threads: usize) {
-    let t = acts.t;
+/// `y_i = W_i · acts_i` for packed matrices over quantized inputs of the same T (often one
+/// shared input), as one pool job: the matrices' rows cut into a few equal-work tasks per thread
+/// ([`equal_work_tasks`]).
+fn packed_products(jobs: &mut [(&Packed, &QActs, &mut [f32])], threads: usize) {
+    let Some(t) = jobs.first().map(|(_, a, _)| a.t) else { return };
     let isa = Isa::best().for_tokens(t);
-    let work: usize = jobs.iter().map(|(p, _)| p.rows * p.cols * t).sum();
+    let work: usize = jobs.iter().map(|(p, _, _)| p.rows * p.cols * t).sum();
     let threads = if work < 1 << 15 { 1 } else { threads.max(1) };
-    let shapes: Vec<(usize, usize, usize)> = jobs.iter().map(|(p, _)| (p.rows, p.cols, p.row_align())).collect();
+    let shapes: Vec<(usize, usize, usize)> = jobs.iter().map(|(p, _, _)| (p.rows, p.cols, p.row_align())).collect();
     let tasks = equal_work_tasks(&shapes, if threads == 1 { 1 } else { threads * tasks_per_thread(t) });
     let mut outs = Vec::with_capacity(jobs.len());
-    for (p, y) in jobs.iter_mut() {
+    for (p, acts, y) in jobs.iter_mut() {
+        assert_eq!(acts.t, t, "the inputs of one packed job have the same T");
         assert_eq!(y.len(), t * p.rows, "output of a packed product is [T, rows]");
-        outs.push((*p, SendPtr(y.as_mut_ptr())));
+        outs.push((*p, *acts, SendPtr(y.as_mut_ptr())));
     }
     crate::threads::Pool::global().run(threads, tasks.len(), &|i| {
         for &(j, lo, hi) in &tasks[i] {
-            let (p, out) = outs[j];
+            let (p, acts, out) = outs[j];
             // SAFETY: y_j is [T, rows_j] (checked above) and stays mutably borrowed for this
             // call; the segments of all tasks are disjoint, so this one alone writes columns
             // lo..hi of every row of y_j.

@@ -79,7 +79,6 @@ pub fn kda_step_fused(
     threads: usize,
 ) {
     let h = beta.len();
-    let scale = 1.0 / (kd as f32).sqrt();
     let threads = if h * kd * vd < 1 << 14 { 1 } else { threads };
     let (sp, op) = (crate::attention::OutPtr(s.as_mut_ptr()), crate::attention::OutPtr(o.as_mut_ptr()));
     let isa = crate::qgemm::Isa::best();
@@ -88,28 +87,46 @@ pub fn kda_step_fused(
         let st = unsafe { sp.slice(hh * kd * vd, kd * vd) };
         let oh = unsafe { op.slice(hh * vd, vd) };
         let (qh, kh, gh) = (&q[hh * kd..(hh + 1) * kd], &k[hh * kd..(hh + 1) * kd], &g[hh * kd..(hh + 1) * kd]);
-        let decay: Vec<f32> = gh.iter().map(|g| g.exp()).collect(); // [K]
-        if !crate::ops::reference_arithmetic()
-            && step_head_simd(isa, st, kh, &decay, qh, scale, &v[hh * vd..(hh + 1) * vd], beta[hh], oh)
-        {
-            return;
-        }
-        let mut u = vec![0f32; vd];
-        for (i, row) in st.chunks_exact(vd).enumerate() {
-            crate::ops::axpy(&mut u, kh[i] * decay[i], row);
-        }
-        let b = beta[hh];
-        for (uj, &vj) in u.iter_mut().zip(&v[hh * vd..(hh + 1) * vd]) {
-            *uj = b * (vj - *uj);
-        }
-        oh.iter_mut().for_each(|x| *x = 0.0);
-        for (i, row) in st.chunks_exact_mut(vd).enumerate() {
-            let a = decay[i];
-            row.iter_mut().for_each(|x| *x *= a);
-            crate::ops::axpy(row, kh[i], &u);
-            crate::ops::axpy(oh, qh[i] * scale, row);
-        }
+        kda_step_head(isa, oh, qh, kh, &v[hh * vd..(hh + 1) * vd], gh, beta[hh], st);
     });
+}
+
+/// One head of [`kda_step_fused`] (the engine's fused decode layer calls it per head): the SIMD
+/// register step where `isa` and the shape allow, else the two-pass loop. `scale = K^-0.5`.
+///
+/// # Shapes
+/// q, k, g: [K]; v, o: [V]; st: [K, V]
+#[allow(clippy::too_many_arguments)]
+pub fn kda_step_head(
+    isa: crate::qgemm::Isa,
+    o: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: f32,
+    st: &mut [f32],
+) {
+    let (kd, vd) = (k.len(), v.len());
+    let scale = 1.0 / (kd as f32).sqrt();
+    let decay: Vec<f32> = g.iter().map(|g| g.exp()).collect(); // [K]
+    if !crate::ops::reference_arithmetic() && step_head_simd(isa, st, k, &decay, q, scale, v, beta, o) {
+        return;
+    }
+    let mut u = vec![0f32; vd];
+    for (i, row) in st.chunks_exact(vd).enumerate() {
+        crate::ops::axpy(&mut u, k[i] * decay[i], row);
+    }
+    for (uj, &vj) in u.iter_mut().zip(v) {
+        *uj = beta * (vj - *uj);
+    }
+    o.iter_mut().for_each(|x| *x = 0.0);
+    for (i, row) in st.chunks_exact_mut(vd).enumerate() {
+        let a = decay[i];
+        row.iter_mut().for_each(|x| *x *= a);
+        crate::ops::axpy(row, k[i], &u);
+        crate::ops::axpy(o, q[i] * scale, row);
+    }
 }
 
 /// One head of [`kda_step_fused`] with u and o held in registers (V a multiple of 16): the value

@@ -451,8 +451,9 @@ impl QActs {
         debug_assert_eq!(x.len(), t * cols);
         let nb = cols / BLOCK;
         let nbp = nb + nb % 2;
-        // Rows padded with zeros to whole 16-token tiles, which the AMX path loads.
-        let tp = t.next_multiple_of(16);
+        // Rows padded with zeros to whole 16-token tiles, which the AMX path loads; it runs from
+        // AMX_MIN_TOKENS on, so decode's one row is not padded (and zeroed) to sixteen.
+        let tp = if t >= AMX_MIN_TOKENS { t.next_multiple_of(16) } else { t };
         let mut a = QActs {
             t,
             nbp,
@@ -561,6 +562,7 @@ pub fn gemm_rows(isa: Isa, w: &Packed, a: &QActs, lo: usize, hi: usize, out: &mu
 /// `out` must be valid for writes at every (o − lo, t), o in lo..hi, t < T, and nothing else may
 /// access those elements meanwhile.
 pub unsafe fn gemm_rows_out(isa: Isa, w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat) {
+    let isa = isa.for_tokens(a.t); // AMX only over activations padded to its tiles
     assert_eq!(w.nbp, a.nbp, "weight and activation widths differ");
     assert!(hi <= w.rows && lo <= hi);
     assert!(
