@@ -9,6 +9,7 @@ use crate::linear::{Compute, Matrix};
 use crate::source::Source;
 use crate::threads;
 use crate::Result;
+use k3_kernels::qgemm::{gemm_rows_out, Isa, OutMat, QActs};
 use k3_kernels::threads::SendPtr;
 
 /// Chunk size of the prefill WY form.
@@ -181,16 +182,36 @@ impl Kda {
             Matrix::apply_many(&[&self.q, &self.k, &self.v, &self.f_a, &self.b, gate_in], x, 1, cx)
                 .try_into()
                 .expect("six products");
-        let (g, gate) = match &self.gate {
-            OutGate::LowRank { b, .. } => {
+        // f_b and the low-rank gate's b: their rows c are head hh's channels, so when both take
+        // the integer kernels each head's task multiplies its own rows (no job of their own, and
+        // their small products ride with the state update); else they run before the heads.
+        let in_heads = match (&self.gate, cx.exact) {
+            (OutGate::LowRank { b, .. }, false) => self
+                .f_b
+                .packed
+                .as_deref()
+                .zip(b.packed.as_deref())
+                .filter(|(f, g)| kd % f.row_align() == 0 && kd % g.row_align() == 0),
+            _ => None,
+        };
+        let (g, gate, acts) = match (in_heads, &self.gate) {
+            (Some(_), OutGate::LowRank { b, .. }) => {
+                for (m, x) in [(&self.f_b, &fa), (b, &gate_a)] {
+                    if let Some(n) = &m.name {
+                        crate::calib::record(n, x, 1, kd);
+                    }
+                }
+                (Vec::new(), Vec::new(), Some((QActs::quantize(&fa, 1, kd), QActs::quantize(&gate_a, 1, kd))))
+            }
+            (_, OutGate::LowRank { b, .. }) => {
                 let [g, gate]: [Vec<f32>; 2] =
                     Matrix::apply_each(&[(&self.f_b, &fa), (b, &gate_a)], 1, cx).try_into().expect("two products");
-                (g, gate)
+                (g, gate, None)
             }
-            OutGate::Full(_) => (self.f_b.apply(&fa, 1, cx), gate_a),
+            (_, OutGate::Full(_)) => (self.f_b.apply(&fa, 1, cx), gate_a, None),
         };
         let reference = ops::reference_arithmetic();
-        let isa = k3_kernels::qgemm::Isa::best();
+        let isa = Isa::best();
         let hist = (kc - 1) * w;
         let mut normed = vec![0f32; w];
         let (tail, s, out) = (SendPtr(st.conv.as_mut_ptr()), SendPtr(st.s.as_mut_ptr()), SendPtr(normed.as_mut_ptr()));
@@ -205,9 +226,10 @@ impl Kda {
                     std::slice::from_raw_parts_mut(out.get().add(c.start), kd),
                 )
             };
-            let mut buf = vec![0f32; 5 * kd];
+            let mut buf = vec![0f32; 6 * kd];
             let (qkv, rest) = buf.split_at_mut(3 * kd);
-            let (gh, oh) = rest.split_at_mut(kd);
+            let (gh, rest) = rest.split_at_mut(kd);
+            let (oh, gate_h) = rest.split_at_mut(kd);
             for (p, (part, xin)) in qkv.chunks_exact_mut(kd).zip([&q, &k, &v]).enumerate() {
                 let taps = &self.conv_w[p * w * kc..(p + 1) * w * kc];
                 // SAFETY: tail part p is [Kc − 1, W] at p·hist; channels c are this task's.
@@ -222,10 +244,19 @@ impl Kda {
                     ops::l2norm_ggml_inplace(m, kd, self.eps);
                 }
             }
-            gh.copy_from_slice(&g[c.clone()]);
+            if let (Some((fp, gp)), Some((fq, gq))) = (in_heads, &acts) {
+                for (p, a, y) in [(fp, fq, &mut *gh), (gp, gq, &mut *gate_h)] {
+                    // SAFETY: y holds the K outputs of rows c (one token); p's rows c exist.
+                    let out = OutMat { ptr: y.as_mut_ptr(), rs: 1, cs: kd };
+                    unsafe { gemm_rows_out(isa.for_tokens(1), p, a, c.start, c.end, out) };
+                }
+            } else {
+                gh.copy_from_slice(&g[c.clone()]);
+                gate_h.copy_from_slice(&gate[c]);
+            }
             self.decay_gate(hh, gh, reference);
             core::kda_step_head(isa, oh, qh, kh, vh, gh, ops::sigmoid(beta[hh]), sh);
-            self.gated_norm(nh, oh, &gate[c], reference);
+            self.gated_norm(nh, oh, gate_h, reference);
         });
         self.o.apply(&normed, 1, cx)
     }
@@ -296,7 +327,8 @@ mod tests {
     }
 
     /// The fused one-token path gives the T-token path's bits (output and both states), for
-    /// packed and f32 weights, both gates and decays, quantized and exact activations, 1 and 2
+    /// packed (f_b and the gate's b then multiplied inside the head tasks) and f32 weights, both
+    /// gates and decays, quantized and exact activations, 1 and 2
     /// threads.
     #[test]
     fn fused_decode_matches_the_token_path_bit_for_bit() {
@@ -304,7 +336,8 @@ mod tests {
         let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
         for (ty, low_rank, decay) in [
             (GgmlType::Q4_0, true, KdaDecay::Softplus),
-            (GgmlType::Q8_0, false, KdaDecay::LowerBound(-5.0)),
+            (GgmlType::Q8_0, true, KdaDecay::LowerBound(-5.0)),
+            (GgmlType::Q4_1, false, KdaDecay::Softplus),
             (GgmlType::F32, true, KdaDecay::Softplus),
         ] {
             let kda = layer(&mut rng, ty, low_rank, decay);

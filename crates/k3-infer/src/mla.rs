@@ -263,7 +263,7 @@ impl Mla {
             // Blocks of queries, all heads at once: [nq, H, R + Dr] rows `[q̃ ; q_r]` against the
             // latent cache in one pass (attention::mla_attend_block).
             const QB: usize = 16;
-            let mut qb = vec![0f32; QB * h * (r + dr)];
+            let mut qb = vec![0f32; QB.min(t) * h * (r + dr)]; // one row when decoding
             let mut lat = vec![0f32; t * h * r]; // [T, H, R]
             for t0 in (0..t).step_by(QB) {
                 let nq = QB.min(t - t0);
