@@ -3,7 +3,9 @@
 //! pool dispatch included), against the read bandwidth of a plain streaming loop at the same
 //! thread count. Shows how close the integer GEMV alone gets to the memory bound.
 //!
-//!   cargo run --release -p k3-infer --example gemv_stream [THREADS] [LAYERS]
+//!   cargo run --release -p k3-infer --example gemv_stream [THREADS] [LAYERS] [TYPE]
+//!
+//! TYPE (q4_0 default, q4_1, q8_0) is the matrices' storage type (the 370M's head is Q8_0).
 //!
 //! LAYERS (default 24) shrinks the set: at 1 (~7 MiB) it stays in cache, which shows whether
 //! the kernel itself, not memory, is the limit.
@@ -15,6 +17,15 @@ use k3_kernels::quant::GgmlType;
 fn main() {
     let threads: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(2);
     let layers: usize = std::env::args().nth(2).and_then(|s| s.parse().ok()).unwrap_or(24);
+    let ty = match std::env::args().nth(3).as_deref() {
+        None | Some("q4_0") => GgmlType::Q4_0,
+        Some("q4_1") => GgmlType::Q4_1,
+        Some("q8_0") => GgmlType::Q8_0,
+        Some(other) => {
+            eprintln!("gemv_stream: TYPE {other:?} is not one of q4_0, q4_1, q8_0");
+            std::process::exit(2);
+        }
+    };
     let mut rng = k3_kernels::testing::Rng::new(3);
     // One layer: q, k, v, o (1024 x 1024), gate, up (2816 x 1024), down (1024 x 2816).
     let shapes = [(1024, 1024), (1024, 1024), (1024, 1024), (1024, 1024), (2816, 1024), (2816, 1024), (1024, 2816)];
@@ -22,8 +33,8 @@ fn main() {
         .iter()
         .map(|&(r, c)| {
             let w = rng.normals(r * c, 0.4);
-            let data: Vec<u8> = w.chunks(c).flat_map(|row| GgmlType::Q4_0.quantize_row(row)).collect();
-            Matrix::new(r, c, GgmlType::Q4_0, data)
+            let data: Vec<u8> = w.chunks(c).flat_map(|row| ty.quantize_row(row)).collect();
+            Matrix::new(r, c, ty, data)
         })
         .collect();
     // Distinct copies (a clone would share the packed weights through their Arc).
@@ -66,9 +77,10 @@ fn main() {
     };
     let (plain, wide) = (stream(k3_kernels::simd::xor_fold_ref), stream(k3_kernels::simd::xor_fold));
     println!(
-        "{threads} thread(s), {:.0} MiB of Q4_0 per pass, {} matvecs: GEMV {:.1} GB/s; plain read {plain:.1} GB/s \
+        "{threads} thread(s), {:.0} MiB of {} per pass, {} matvecs: GEMV {:.1} GB/s; plain read {plain:.1} GB/s \
          ({:.0}%), prefetching read {wide:.1} GB/s ({:.0}%)",
         bytes as f64 / (1 << 20) as f64,
+        ty.name(),
         mats.len(),
         rates[3],
         100.0 * rates[3] / plain,

@@ -279,6 +279,9 @@ fn packed_products(jobs: &mut [(&Packed, &QActs, &mut [f32])], threads: usize) {
         outs.push((*p, *acts, SendPtr(y.as_mut_ptr())));
     }
     crate::threads::Pool::global().run(threads, tasks.len(), &|i| {
+        for &(j, _, _) in &tasks[i] {
+            outs[j].1.warm();
+        }
         for &(j, lo, hi) in &tasks[i] {
             let (p, acts, out) = outs[j];
             // SAFETY: y_j is [T, rows_j] (checked above) and stays mutably borrowed for this

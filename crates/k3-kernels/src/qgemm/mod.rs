@@ -483,6 +483,30 @@ impl QActs {
         a
     }
 
+    /// Start loading the activations into this core's caches, every line at once: a worker's
+    /// task reads what another core just wrote, and the kernel's in-order first reads would
+    /// otherwise wait for those lines one after another. Small inputs only (decode's few rows).
+    pub fn warm(&self) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            let n = self.t * self.nbp;
+            if n * BLOCK > 64 << 10 {
+                return;
+            }
+            let lines = |p: *const i8, bytes: usize| {
+                for off in (0..bytes).step_by(64) {
+                    // SAFETY: a prefetch never faults; every address is inside the array.
+                    unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(off)) };
+                }
+            };
+            lines(self.qs.as_ptr(), n * BLOCK);
+            lines(self.d.as_ptr() as *const i8, n * 4);
+            lines(self.s.as_ptr() as *const i8, n * 4);
+            lines(self.s16.as_ptr() as *const i8, n * 4);
+        }
+    }
+
     pub(crate) fn row(&self, t: usize) -> (&[i8], &[f32]) {
         (&self.qs[t * self.nbp * BLOCK..(t + 1) * self.nbp * BLOCK], &self.d[t * self.nbp..(t + 1) * self.nbp])
     }
