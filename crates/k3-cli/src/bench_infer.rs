@@ -133,6 +133,19 @@ fn weight_bytes_per_token(path: &Path) -> Result<u64> {
 struct Ours {
     prefill: Vec<(usize, f64)>,
     decode: Vec<(usize, f64)>,
+    /// Each decode @0 repeat's tokens/s with the read bandwidth (GB/s) probed just before it.
+    paired: Vec<(f64, f64)>,
+}
+
+/// [`bandwidth_gbs`] in a child process (`k3mini bench bandwidth`), so that its 512 MiB buffer
+/// stays out of our peak RSS; `None` if it cannot run.
+fn bandwidth_child(threads: usize) -> Option<f64> {
+    let exe = std::env::current_exe().ok()?;
+    let out = Command::new(exe).args(["bench", "bandwidth", "--threads", &threads.to_string()]).output().ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    String::from_utf8_lossy(&out.stdout).trim().parse().ok()
 }
 
 fn run_ours(model: &mut Model, ids: &[u32], a: &BenchInferArgs, threads: usize) -> Result<Ours> {
@@ -158,6 +171,7 @@ fn run_ours(model: &mut Model, ids: &[u32], a: &BenchInferArgs, threads: usize) 
     // prefilled once, not once per repeat); at each, `repeat` blocks of `decode_tokens` are timed,
     // the context moving on by one block each time.
     let mut decode = Vec::new();
+    let mut paired = Vec::new();
     let mut st = model.new_state();
     let mut pos = 0;
     for c in decode_contexts(a)? {
@@ -167,16 +181,23 @@ fn run_ours(model: &mut Model, ids: &[u32], a: &BenchInferArgs, threads: usize) 
         }
         let mut rates = Vec::new();
         for _ in 0..a.repeat {
+            // At context 0 the bandwidth is probed right before each repeat, so that each ratio to
+            // the bound pairs a decode and a probe from the same moment of a shared, noisy machine.
+            let bw = if c == 0 { bandwidth_child(threads) } else { None };
             let t0 = Instant::now();
             for &tok in &ids[pos..pos + a.decode_tokens] {
                 model.forward(&[tok], &mut st, Logits::Last)?;
             }
-            rates.push(a.decode_tokens as f64 / t0.elapsed().as_secs_f64());
+            let rate = a.decode_tokens as f64 / t0.elapsed().as_secs_f64();
+            rates.push(rate);
+            if let Some(bw) = bw {
+                paired.push((rate, bw));
+            }
             pos += a.decode_tokens;
         }
         decode.push((c, median(rates)));
     }
-    Ok(Ours { prefill, decode })
+    Ok(Ours { prefill, decode, paired })
 }
 
 fn run_llama(path: &Path, ids_file: &Path, a: &BenchInferArgs, threads: usize) -> Result<Option<Value>> {
@@ -265,6 +286,15 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
             let l0 = get("decode", 0).map_or(String::new(), |l| format!(", llama.cpp's {:.0}%", 100.0 * l / bound));
             println!("  decode @0 is {:.0}% of the bandwidth bound{l0}", 100.0 * d0 / bound);
         }
+        let fractions: Vec<f64> = ours.paired.iter().map(|&(r, b)| r * weight_bytes as f64 / (b * 1e9)).collect();
+        if !fractions.is_empty() {
+            let each: Vec<String> = fractions.iter().map(|f| format!("{:.0}%", 100.0 * f)).collect();
+            println!(
+                "  decode @0 against a probe just before each repeat: {:.0}% of the bound (median; {})",
+                100.0 * median(fractions.clone()),
+                each.join(", ")
+            );
+        }
         decode_series.push((format!("ours, {n} thr"), ours.decode.clone()));
         prefill_series.push((format!("ours, {n} thr"), ours.prefill.clone()));
         if llama.is_some() {
@@ -279,6 +309,8 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
             "bandwidth_gbs": bw,
             "decode_bound_tok_s": bound,
             "ours": {"prefill": ours.prefill, "decode": ours.decode},
+            "decode0_paired": ours.paired.iter().map(|&(r, b)| json!({"tok_s": r, "bandwidth_gbs": b})).collect::<Vec<_>>(),
+            "decode0_bound_fraction_paired": (!fractions.is_empty()).then(|| median(fractions.clone())),
             "llama_cpp": llama,
         }));
     }

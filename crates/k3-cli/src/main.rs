@@ -209,6 +209,12 @@ pub struct TrainArgs {
 enum BenchCmd {
     /// Inference speed: our engine vs llama.cpp on the same GGUF, ids and threads, with ratios.
     Infer(bench_infer::BenchInferArgs),
+    /// Read bandwidth of this machine (GB/s) at a thread count: the probe `bench infer` divides
+    /// weight bytes by (it runs it in a child process next to each decode measurement).
+    Bandwidth {
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+    },
     /// Training-step speed: ours vs transformers' KimiLinear vs a PyTorch Llama (needs `train`).
     #[cfg(feature = "train")]
     Train(bench_train::BenchTrainArgs),
@@ -308,6 +314,10 @@ fn run() -> Result<()> {
             torch_cmds::eval(&model, &data, &context, windows, batch, threads, json.as_deref(), signals.as_deref())
         }
         Cmd::Bench(BenchCmd::Infer(a)) => bench_infer::run(&a),
+        Cmd::Bench(BenchCmd::Bandwidth { threads }) => {
+            println!("{:.3}", bench_infer::bandwidth_gbs(threads.max(1)));
+            Ok(())
+        }
         #[cfg(feature = "train")]
         Cmd::Bench(BenchCmd::Train(a)) => bench_train::run(&a),
         #[cfg(not(feature = "train"))]

@@ -262,6 +262,14 @@ fn equal_work_tasks(shapes: &[(usize, usize, usize)], n: usize) -> Vec<Vec<(usiz
     tasks
 }
 
+/// `y = W · acts` for one packed matrix over an input already quantized (`[T, rows]` out), on
+/// the pool as [`Matrix::matmul`] runs it.
+pub fn packed_product(p: &Packed, acts: &QActs, threads: usize) -> Vec<f32> {
+    let mut y = vec![0f32; acts.t * p.rows];
+    packed_products(&mut [(p, acts, &mut y)], threads);
+    y
+}
+
 /// `y_i = W_i · acts_i` for packed matrices over quantized inputs of the same T (often one
 /// shared input), as one pool job: the matrices' rows cut into a few equal-work tasks per thread
 /// ([`equal_work_tasks`]).

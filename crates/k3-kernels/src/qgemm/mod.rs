@@ -408,8 +408,9 @@ fn round_even_small(x: f32) -> f32 {
 }
 
 /// One activation row of nb blocks: ggml's x86 quantizer (id = 127/amax, round half to even),
-/// d rounded to f16, s = d·Σq exact and rounded to f16.
-fn quantize_row(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32], s16: &mut [f32]) {
+/// d rounded to f16, s = d·Σq exact and rounded to f16. Blocks are independent, so a row may be
+/// quantized a range of whole blocks at a time (the engine's fused FFN decode does).
+pub fn quantize_row(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32], s16: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     // No `--exact` branch: the SIMD quantizer gives the reference's bits (tested).
     if Isa::best() >= Isa::Avx512 {
@@ -445,6 +446,23 @@ impl QActs {
         Self::quantize_threads(x, t, cols, 1)
     }
 
+    /// All-zero activations of T rows of `cols` (a multiple of 32), for a caller that fills the
+    /// blocks itself with [`quantize_row`]; padding blocks and rows stay zero, as `quantize` leaves
+    /// them.
+    pub fn zeros(t: usize, cols: usize) -> QActs {
+        let nb = cols / BLOCK;
+        let nbp = nb + nb % 2;
+        let tp = if t >= AMX_MIN_TOKENS { t.next_multiple_of(16) } else { t };
+        QActs {
+            t,
+            nbp,
+            qs: vec![0; tp * nbp * BLOCK],
+            d: vec![0.0; tp * nbp],
+            s: vec![0.0; tp * nbp],
+            s16: vec![0.0; tp * nbp],
+        }
+    }
+
     /// [`QActs::quantize`] with the rows spread over `threads` pool threads (AVX-512 per row when
     /// the CPU has it, else [`quantize_row_ref`]; the same bits either way).
     pub fn quantize_threads(x: &[f32], t: usize, cols: usize, threads: usize) -> QActs {
@@ -453,15 +471,7 @@ impl QActs {
         let nbp = nb + nb % 2;
         // Rows padded with zeros to whole 16-token tiles, which the AMX path loads; it runs from
         // AMX_MIN_TOKENS on, so decode's one row is not padded (and zeroed) to sixteen.
-        let tp = if t >= AMX_MIN_TOKENS { t.next_multiple_of(16) } else { t };
-        let mut a = QActs {
-            t,
-            nbp,
-            qs: vec![0; tp * nbp * BLOCK],
-            d: vec![0.0; tp * nbp],
-            s: vec![0.0; tp * nbp],
-            s16: vec![0.0; tp * nbp],
-        };
+        let mut a = QActs::zeros(t, cols);
         let ptrs = (SendPtr(a.qs.as_mut_ptr() as *mut u8), SendPtr(a.d.as_mut_ptr() as *mut u8));
         let ptrs2 = (SendPtr(a.s.as_mut_ptr() as *mut u8), SendPtr(a.s16.as_mut_ptr() as *mut u8));
         let threads = if t * cols < 1 << 16 { 1 } else { threads };
