@@ -61,7 +61,8 @@ impl Mlp {
     /// Q8_0 blocks of rows, each band's task taking the GLU of its rows and quantizing them as
     /// the down projection's input, so no serial pass over F sits between the two products. The
     /// bits of [`Self::forward_tokens`] (the GLU is per element, the quantizer per block). `None`
-    /// when a matrix is not packed, in the exact mode, or when F is not whole blocks.
+    /// when a matrix is not packed, in the exact mode, when F is not whole blocks, when a row tile
+    /// does not divide a block, or when up's shape is not gate's.
     ///
     /// # Shapes
     /// x: [1, C] → [1, C]
@@ -144,6 +145,7 @@ mod tests {
             for threads in [1, 2] {
                 let cx = Compute { threads, exact: false };
                 let x = rng.normals(c, 1.0);
+                assert_eq!(mlp.decode_packed(&x, cx).is_some(), ty != GgmlType::F32, "{ty:?}: which path ran");
                 let fused = mlp.forward(&x, 1, cx);
                 assert!(fused.iter().all(|v| v.is_finite()));
                 assert_eq!(bits(&fused), bits(&mlp.forward_tokens(&x, 1, cx)), "{ty:?} F {f} {threads} thread(s)");

@@ -163,11 +163,14 @@ impl Kda {
         self.o.apply(&normed, t, cx)
     }
 
-    /// One token. The six input products in one pool job, f_b and the low-rank gate's second
-    /// factor in another, then one job over heads that runs, per head, everything between them
-    /// and o_proj: short conv + SiLU of its q / k / v channels, L2 norms, decay gate and β, the
-    /// delta-rule step, gated output norm. Per element the arithmetic of [`Self::forward_tokens`]
-    /// (the same bits), but no serial pass over W between the products.
+    /// One token. The six input products in one pool job, then one job over heads that runs, per
+    /// head, everything between them and o_proj: f_b and the low-rank gate's second factor on the
+    /// head's rows (when both are packed, outside the exact mode and K is whole row tiles; else
+    /// they run before, one product each, as f_b always does with a full-rank gate), short
+    /// conv + SiLU of its q / k / v channels, L2 norms, decay gate and β, the delta-rule step,
+    /// gated output norm.
+    /// Per element the arithmetic of [`Self::forward_tokens`] (the same bits), but no serial
+    /// pass over W between the products.
     ///
     /// # Shapes
     /// x: [1, C] → [1, C]
@@ -185,6 +188,8 @@ impl Kda {
         // f_b and the low-rank gate's b: their rows c are head hh's channels, so when both take
         // the integer kernels each head's task multiplies its own rows (no job of their own, and
         // their small products ride with the state update); else they run before the heads.
+        // (K is whole 32-blocks for any quantized f_b, so the tile check fails only for layouts
+        // with tiles of more than 32 rows.)
         let in_heads = match (&self.gate, cx.exact) {
             (OutGate::LowRank { b, .. }, false) => self
                 .f_b
@@ -203,11 +208,7 @@ impl Kda {
                 }
                 (Vec::new(), Vec::new(), Some((QActs::quantize(&fa, 1, kd), QActs::quantize(&gate_a, 1, kd))))
             }
-            (_, OutGate::LowRank { b, .. }) => {
-                let [g, gate]: [Vec<f32>; 2] =
-                    Matrix::apply_each(&[(&self.f_b, &fa), (b, &gate_a)], 1, cx).try_into().expect("two products");
-                (g, gate, None)
-            }
+            (_, OutGate::LowRank { b, .. }) => (self.f_b.apply(&fa, 1, cx), b.apply(&gate_a, 1, cx), None),
             (_, OutGate::Full(_)) => (self.f_b.apply(&fa, 1, cx), gate_a, None),
         };
         let reference = ops::reference_arithmetic();
@@ -248,7 +249,7 @@ impl Kda {
                 for (p, a, y) in [(fp, fq, &mut *gh), (gp, gq, &mut *gate_h)] {
                     // SAFETY: y holds the K outputs of rows c (one token); p's rows c exist.
                     let out = OutMat { ptr: y.as_mut_ptr(), rs: 1, cs: kd };
-                    unsafe { gemm_rows_out(isa.for_tokens(1), p, a, c.start, c.end, out) };
+                    unsafe { gemm_rows_out(isa, p, a, c.start, c.end, out) };
                 }
             } else {
                 gh.copy_from_slice(&g[c.clone()]);

@@ -195,33 +195,6 @@ impl Matrix {
         packed_products(&mut jobs, cx.threads);
         ys
     }
-
-    /// Several matrices, each applied to its own input (KDA's f_b and its low-rank gate's b):
-    /// `[m.apply(x) for (m, x) in pairs]`, as one pool job when every matrix takes the integer
-    /// kernels; else one by one.
-    ///
-    /// # Shapes
-    /// x_i: [T, cols_i] → [T, rows_i]
-    pub fn apply_each(pairs: &[(&Matrix, &[f32])], t: usize, cx: Compute) -> Vec<Vec<f32>> {
-        let packed: Option<Vec<&Packed>> = pairs.iter().map(|(m, _)| m.packed.as_deref()).collect();
-        let packed = match packed {
-            Some(p) if !cx.exact => p,
-            _ => return pairs.iter().map(|(m, x)| m.apply(x, t, cx)).collect(),
-        };
-        let mut acts = Vec::with_capacity(pairs.len());
-        for (m, x) in pairs {
-            debug_assert_eq!(x.len(), t * m.cols);
-            if let Some(n) = &m.name {
-                crate::calib::record(n, x, t, m.cols);
-            }
-            acts.push(QActs::quantize_threads(x, t, m.cols, cx.threads));
-        }
-        let mut ys: Vec<Vec<f32>> = pairs.iter().map(|(m, _)| vec![0f32; t * m.rows]).collect();
-        let mut jobs: Vec<(&Packed, &QActs, &mut [f32])> =
-            packed.into_iter().zip(&acts).zip(ys.iter_mut()).map(|((p, a), y)| (p, a, y.as_mut_slice())).collect();
-        packed_products(&mut jobs, cx.threads);
-        ys
-    }
 }
 
 /// Tasks per thread of a packed product: few, because each task streams its rows as one

@@ -49,8 +49,8 @@ pub fn short_conv_silu(y: &mut [f32], x: &[f32], wt: &[f32], tail: &mut [f32], c
 /// y: [n]; x: [Ch] (the token's pre-conv input); wt: [Kc, Ch]; tail: [Kc − 1, Ch]
 ///
 /// # Safety
-/// `tail` must point to `(Kc − 1)·Ch` floats, and nothing else may access channels c0..c0 + n of
-/// them during the call.
+/// `tail` must be valid for reads and writes of `(Kc − 1)·Ch` floats, nothing else may access
+/// channels c0..c0 + n of them during the call, and `y`, `x`, `wt` must not overlap them.
 pub unsafe fn short_conv_silu_step(
     y: &mut [f32],
     x: &[f32],

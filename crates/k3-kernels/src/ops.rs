@@ -1,11 +1,15 @@
 //! Elementwise and row ops: RMSNorm, L2 norm, softmax, SiLU, SiTU, dot/axpy, f32 matmul.
 //! These are already the reference form; the speed issue adds SIMD versions beside them.
 
-/// Mean of squares as ggml computes it: f32 squares summed in f64, the mean rounded to f32. The
-/// sum runs in eight f64 lanes (so it vectorises; a decode token takes ~100 of these over 1–3K
-/// values, on the serial path between products): the order changes only the f64 sum's last bits,
-/// about 2⁻²⁹ of the f32 rounding step of the mean.
+/// Mean of squares as ggml computes it: f32 squares summed in f64, the mean rounded to f32. Under
+/// reference arithmetic the sum runs in ggml's order; else in eight f64 lanes (so it vectorises;
+/// a decode token takes ~100 of these over 1–3K values, on the serial path between products),
+/// which moves the f64 sum by at most ~n·2⁻⁵³ of itself, n·2⁻³⁰ of the f32 rounding step of the
+/// mean: the f32 result differs only when the sum lies that close to a rounding boundary.
 fn mean_square(x: &[f32]) -> f32 {
+    if reference() {
+        return (x.iter().map(|&v| (v * v) as f64).sum::<f64>() / x.len() as f64) as f32;
+    }
     let mut lanes = [0f64; 8];
     let blocks = x.chunks_exact(8);
     let tail = blocks.remainder();

@@ -388,7 +388,7 @@ impl Packed {
 pub struct QActs {
     pub t: usize,
     pub nbp: usize,
-    /// [T, nbp, 32] codes (then zero rows up to a multiple of 16).
+    /// [T, nbp, 32] codes (then, from AMX_MIN_TOKENS rows on, zero rows up to a multiple of 16).
     pub qs: Vec<i8>,
     /// [T, nbp] scales (f16-rounded, as ggml stores them).
     pub d: Vec<f32>,
@@ -507,7 +507,7 @@ impl QActs {
             let lines = |p: *const i8, bytes: usize| {
                 for off in (0..bytes).step_by(64) {
                     // SAFETY: a prefetch never faults; every address is inside the array.
-                    unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(off)) };
+                    unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off)) };
                 }
             };
             lines(self.qs.as_ptr(), n * BLOCK);
@@ -597,6 +597,11 @@ pub fn gemm_rows(isa: Isa, w: &Packed, a: &QActs, lo: usize, hi: usize, out: &mu
 /// access those elements meanwhile.
 pub unsafe fn gemm_rows_out(isa: Isa, w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat) {
     let isa = isa.for_tokens(a.t); // AMX only over activations padded to its tiles
+    let rows = if isa == Isa::Amx { a.t.next_multiple_of(16) } else { a.t };
+    assert!(
+        a.qs.len() >= rows * a.nbp * BLOCK && a.d.len() >= a.t * a.nbp && a.s.len() >= a.t * a.nbp,
+        "activations shorter than their T × nbp blocks"
+    );
     assert_eq!(w.nbp, a.nbp, "weight and activation widths differ");
     assert!(hi <= w.rows && lo <= hi);
     assert!(
