@@ -20,17 +20,18 @@
 //! plain loops, always available).
 //! Dims: R weight rows, T activation rows (tokens), nb blocks of 32 per row (padded to even).
 
+mod acts;
 #[cfg(target_arch = "x86_64")]
 mod amx;
 pub mod rows16;
 mod scalar;
+pub use acts::{quantize_row, quantize_row_ref, QActs};
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
 use std::sync::OnceLock;
 
 use crate::quant::GgmlType;
-use crate::threads::SendPtr;
 
 pub const BLOCK: usize = 32;
 
@@ -382,152 +383,6 @@ impl Packed {
     }
 }
 
-/// Activation rows quantized for the kernels: ggml's x86 quantizer (d = amax/127 stored as f16,
-/// q = round-half-even(x·127/amax)), laid out contiguously.
-#[derive(Debug, Clone)]
-pub struct QActs {
-    pub t: usize,
-    pub nbp: usize,
-    /// [T, nbp, 32] codes (then, from AMX_MIN_TOKENS rows on, zero rows up to a multiple of 16).
-    pub qs: Vec<i8>,
-    /// [T, nbp] scales (f16-rounded, as ggml stores them).
-    pub d: Vec<f32>,
-    /// [T, nbp] d·Σq, exact (Q4_0, Q8_0) ...
-    pub s: Vec<f32>,
-    /// ... and rounded to f16 (Q4_1's Q8_1 `s`).
-    pub s16: Vec<f32>,
-}
-
-/// `x.round_ties_even()` for |x| ≤ 2²²: adding and removing 1.5·2²³ leaves no fraction bits, so
-/// the FPU's round-to-nearest-even does the rounding. Unlike `round_ties_even` (a libm `rintf`
-/// call without SSE4.1) it vectorises.
-#[inline(always)]
-fn round_even_small(x: f32) -> f32 {
-    const MAGIC: f32 = 12_582_912.0;
-    (x + MAGIC) - MAGIC
-}
-
-/// One activation row of nb blocks: ggml's x86 quantizer (id = 127/amax, round half to even),
-/// d rounded to f16, s = d·Σq exact and rounded to f16. Blocks are independent, so a row may be
-/// quantized a range of whole blocks at a time (the engine's fused FFN decode does).
-pub fn quantize_row(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32], s16: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    // No `--exact` branch: the SIMD quantizer gives the reference's bits (tested).
-    if Isa::best() >= Isa::Avx512 {
-        // SAFETY: AVX-512F/BW is present (Isa::best checks it).
-        unsafe { x86::quantize_row512(x, qs, d, s, s16) };
-        return;
-    }
-    quantize_row_ref(x, qs, d, s, s16)
-}
-
-/// The reference for the quantizer: the plain loops.
-pub fn quantize_row_ref(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32], s16: &mut [f32]) {
-    for b in 0..d.len() {
-        let blk = &x[b * BLOCK..(b + 1) * BLOCK];
-        let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let db = amax / 127.0;
-        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
-        let mut sum = 0i32;
-        for (o, &v) in qs[b * BLOCK..(b + 1) * BLOCK].iter_mut().zip(blk) {
-            *o = round_even_small(v * id) as i8;
-            sum += *o as i32;
-        }
-        let dh = half::f16::from_f32(db).to_f32();
-        d[b] = dh;
-        s[b] = dh * sum as f32;
-        s16[b] = half::f16::from_f32(db * sum as f32).to_f32();
-    }
-}
-
-impl QActs {
-    /// Quantize x [T, cols] (cols a multiple of 32).
-    pub fn quantize(x: &[f32], t: usize, cols: usize) -> QActs {
-        Self::quantize_threads(x, t, cols, 1)
-    }
-
-    /// All-zero activations of T rows of `cols` (a multiple of 32), for a caller that fills the
-    /// blocks itself with [`quantize_row`]; padding blocks and rows stay zero, as `quantize` leaves
-    /// them.
-    pub fn zeros(t: usize, cols: usize) -> QActs {
-        let nb = cols / BLOCK;
-        let nbp = nb + nb % 2;
-        let tp = if t >= AMX_MIN_TOKENS { t.next_multiple_of(16) } else { t };
-        QActs {
-            t,
-            nbp,
-            qs: vec![0; tp * nbp * BLOCK],
-            d: vec![0.0; tp * nbp],
-            s: vec![0.0; tp * nbp],
-            s16: vec![0.0; tp * nbp],
-        }
-    }
-
-    /// [`QActs::quantize`] with the rows spread over `threads` pool threads (AVX-512 per row when
-    /// the CPU has it, else [`quantize_row_ref`]; the same bits either way).
-    pub fn quantize_threads(x: &[f32], t: usize, cols: usize, threads: usize) -> QActs {
-        debug_assert_eq!(x.len(), t * cols);
-        let nb = cols / BLOCK;
-        let nbp = nb + nb % 2;
-        // Rows padded with zeros to whole 16-token tiles, which the AMX path loads; it runs from
-        // AMX_MIN_TOKENS on, so decode's one row is not padded (and zeroed) to sixteen.
-        let mut a = QActs::zeros(t, cols);
-        let ptrs = (SendPtr(a.qs.as_mut_ptr() as *mut u8), SendPtr(a.d.as_mut_ptr() as *mut u8));
-        let ptrs2 = (SendPtr(a.s.as_mut_ptr() as *mut u8), SendPtr(a.s16.as_mut_ptr() as *mut u8));
-        let threads = if t * cols < 1 << 16 { 1 } else { threads };
-        let per = t.div_ceil(threads.max(1) * 4).max(1);
-        crate::threads::Pool::global().run(threads, t.div_ceil(per), &|i| {
-            for r in i * per..((i + 1) * per).min(t) {
-                // SAFETY: row r of every array is written by this task alone, and in bounds.
-                let (qs, d, s, s16) = unsafe {
-                    (
-                        std::slice::from_raw_parts_mut((ptrs.0.get() as *mut i8).add(r * nbp * BLOCK), nb * BLOCK),
-                        std::slice::from_raw_parts_mut((ptrs.1.get() as *mut f32).add(r * nbp), nb),
-                        std::slice::from_raw_parts_mut((ptrs2.0.get() as *mut f32).add(r * nbp), nb),
-                        std::slice::from_raw_parts_mut((ptrs2.1.get() as *mut f32).add(r * nbp), nb),
-                    )
-                };
-                quantize_row(&x[r * cols..r * cols + nb * BLOCK], qs, d, s, s16);
-            }
-        });
-        a
-    }
-
-    /// Start loading the activations into this core's caches, every line at once: a worker's
-    /// task reads what another core just wrote, and the kernel's in-order first reads would
-    /// otherwise wait for those lines one after another. Small inputs only (decode's few rows).
-    pub fn warm(&self) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            let n = self.t * self.nbp;
-            if n * BLOCK > 64 << 10 {
-                return;
-            }
-            let lines = |p: *const i8, bytes: usize| {
-                for off in (0..bytes).step_by(64) {
-                    // SAFETY: a prefetch never faults; every address is inside the array.
-                    unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off)) };
-                }
-            };
-            lines(self.qs.as_ptr(), n * BLOCK);
-            lines(self.d.as_ptr() as *const i8, n * 4);
-            lines(self.s.as_ptr() as *const i8, n * 4);
-            lines(self.s16.as_ptr() as *const i8, n * 4);
-        }
-    }
-
-    pub(crate) fn row(&self, t: usize) -> (&[i8], &[f32]) {
-        (&self.qs[t * self.nbp * BLOCK..(t + 1) * self.nbp * BLOCK], &self.d[t * self.nbp..(t + 1) * self.nbp])
-    }
-
-    /// The s array a weight kind pairs with, row t.
-    pub(crate) fn s_for(&self, kind: Kind, t: usize) -> &[f32] {
-        let s = if kind == Kind::Q4_1 { &self.s16 } else { &self.s };
-        &s[t * self.nbp..(t + 1) * self.nbp]
-    }
-}
-
 /// Where element (o − lo, t) of a product over weight rows lo..hi goes: `ptr[(o − lo)·rs + t·cs]`.
 /// Row-major [hi − lo, T] for the tests, token-major [T, rows] (the engine's `Y`) for the engine,
 /// so that no band has to be transposed afterwards.
@@ -663,6 +518,7 @@ pub(crate) fn offset_term(mu: &[f32], s: &[f32]) -> f32 {
 
 #[cfg(test)]
 mod tests {
+    use super::acts::round_even_small;
     use super::*;
     use crate::testing::Rng;
 
