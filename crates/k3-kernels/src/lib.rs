@@ -14,5 +14,6 @@ pub mod qgemm;
 pub mod quant;
 pub mod simd;
 pub mod simd_avx2;
+pub mod simd_keys;
 pub mod testing;
 pub mod threads;

@@ -528,6 +528,13 @@ mod x86 {
         n: usize,
     ) {
         let (pc, pa) = (c.as_mut_ptr(), a.as_ptr());
+        // A decode step's few query heads per KV head: eight keys per tile, reduced together.
+        match m {
+            1 => return crate::simd_keys::nt_few_rows::<1, F16>(pc, ldc, pa, lda, pb, ldb, k, n),
+            2 => return crate::simd_keys::nt_few_rows::<2, F16>(pc, ldc, pa, lda, pb, ldb, k, n),
+            3 => return crate::simd_keys::nt_few_rows::<3, F16>(pc, ldc, pa, lda, pb, ldb, k, n),
+            _ => {}
+        }
         let mut i0 = 0;
         while i0 < m {
             let rows = (m - i0).min(8);

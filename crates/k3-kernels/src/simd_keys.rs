@@ -1,0 +1,177 @@
+//! `C += A · Bᵀ` for a few rows of A against many rows of B, the shape of a decode step's scores:
+//! the G ≤ 3 query heads that share a KV head against its cached keys (SmolLM2: G = 3, keys of 64).
+//! [`crate::simd::matmul_nt_acc`]'s tiles reduce each (row, key) accumulator horizontally, about
+//! as many instructions as a 64-wide key's multiply-adds; here each row keeps eight keys'
+//! accumulators and one transposing tree sums all eight into one vector of eight scores
+//! (~3.4 instructions a key instead of ~10). The same products, summed in another order.
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// Rows of A this form takes (more would spill the 8·R accumulators out of the 32 registers).
+pub const MAX_ROWS: usize = 3;
+
+/// `C[r, j] += Σ_kk A[r, kk] · B[j, kk]` for r < R (R ≤ [`MAX_ROWS`]), j < n; B in f32 or f16 bits
+/// (`F16`) at `pb`, row stride `ldb` elements.
+///
+/// # Safety
+/// AVX-512 F/BW/VL and F16C must be present; A ([R, k], stride `lda`), B ([n, k], stride `ldb`)
+/// and C ([R, n], stride `ldc`) must lie within their allocations.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+pub unsafe fn nt_few_rows<const R: usize, const F16: bool>(
+    pc: *mut f32,
+    ldc: usize,
+    pa: *const f32,
+    lda: usize,
+    pb: *const u8,
+    ldb: usize,
+    k: usize,
+    n: usize,
+) {
+    let mut j0 = 0;
+    while j0 < n {
+        let keys = (n - j0).min(8);
+        if keys == 8 {
+            keys8::<R, F16, 8>(pc.add(j0), ldc, pa, lda, pb.add(j0 * ldb * if F16 { 2 } else { 4 }), ldb, k);
+        } else {
+            tail::<R, F16>(pc.add(j0), ldc, pa, lda, pb.add(j0 * ldb * if F16 { 2 } else { 4 }), ldb, k, keys);
+        }
+        j0 += keys;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+unsafe fn tail<const R: usize, const F16: bool>(
+    pc: *mut f32,
+    ldc: usize,
+    pa: *const f32,
+    lda: usize,
+    pb: *const u8,
+    ldb: usize,
+    k: usize,
+    keys: usize,
+) {
+    match keys {
+        7 => keys8::<R, F16, 7>(pc, ldc, pa, lda, pb, ldb, k),
+        6 => keys8::<R, F16, 6>(pc, ldc, pa, lda, pb, ldb, k),
+        5 => keys8::<R, F16, 5>(pc, ldc, pa, lda, pb, ldb, k),
+        4 => keys8::<R, F16, 4>(pc, ldc, pa, lda, pb, ldb, k),
+        3 => keys8::<R, F16, 3>(pc, ldc, pa, lda, pb, ldb, k),
+        2 => keys8::<R, F16, 2>(pc, ldc, pa, lda, pb, ldb, k),
+        _ => keys8::<R, F16, 1>(pc, ldc, pa, lda, pb, ldb, k),
+    }
+}
+
+/// R rows against keys 0..N (N ≤ 8; the missing keys' accumulators stay zero and their lanes
+/// are not stored).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn keys8<const R: usize, const F16: bool, const N: usize>(
+    pc: *mut f32,
+    ldc: usize,
+    pa: *const f32,
+    lda: usize,
+    pb: *const u8,
+    ldb: usize,
+    k: usize,
+) {
+    let mut acc = [[_mm512_setzero_ps(); 8]; R];
+    let mut kk = 0;
+    while kk < k {
+        let mk = ((1u32 << (k - kk).min(16)) - 1) as __mmask16;
+        let av: [__m512; R] = std::array::from_fn(|r| _mm512_maskz_loadu_ps(mk, pa.add(r * lda + kk)));
+        for q in 0..N {
+            let at = q * ldb + kk;
+            let bv = if F16 {
+                _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, pb.add(2 * at) as *const i16))
+            } else {
+                _mm512_maskz_loadu_ps(mk, pb.add(4 * at) as *const f32)
+            };
+            for r in 0..R {
+                acc[r][q] = _mm512_fmadd_ps(av[r], bv, acc[r][q]);
+            }
+        }
+        kk += 16;
+    }
+    let store: __mmask8 = ((1u32 << N) - 1) as u8;
+    for (r, acc) in acc.iter().enumerate() {
+        let p = pc.add(r * ldc);
+        let sums = sum8(acc);
+        _mm256_mask_storeu_ps(p, store, _mm256_add_ps(_mm256_maskz_loadu_ps(store, p), sums));
+    }
+}
+
+/// Lane i of the result = the sum of the 16 lanes of `v[i]`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn sum8(v: &[__m512; 8]) -> __m256 {
+    // Blocks (128 bits) of x and y → (x0 + x2, x1 + x3, y0 + y2, y1 + y3).
+    let halve =
+        |x: __m512, y: __m512| _mm512_add_ps(_mm512_shuffle_f32x4::<0x44>(x, y), _mm512_shuffle_f32x4::<0xEE>(x, y));
+    // Two of those → block i holds four partial sums of key i of four keys.
+    let quarter =
+        |s: __m512, t: __m512| _mm512_add_ps(_mm512_shuffle_f32x4::<0x88>(s, t), _mm512_shuffle_f32x4::<0xDD>(s, t));
+    let lo = quarter(halve(v[0], v[1]), halve(v[2], v[3])); // keys 0..4, one per block
+    let hi = quarter(halve(v[4], v[5]), halve(v[6], v[7])); // keys 4..8
+                                                            // Within each block i: (key i: p0 + p2, p1 + p3, key 4 + i: p0 + p2, p1 + p3), then adjacent
+                                                            // lanes added: (key i, key i, key 4 + i, key 4 + i).
+    let pairs = _mm512_add_ps(_mm512_shuffle_ps::<0x44>(lo, hi), _mm512_shuffle_ps::<0xEE>(lo, hi));
+    let whole = _mm512_add_ps(pairs, _mm512_permute_ps::<0xB1>(pairs));
+    let order = _mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0);
+    _mm512_castps512_ps256(_mm512_permutexvar_ps(order, whole))
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use crate::testing::Rng;
+
+    /// Against the plain loops, every row count, tails of 1–7 keys, keys not a multiple of 16,
+    /// f32 and f16 keys (f16: the same sums as on the widened keys, bit for bit).
+    #[test]
+    fn few_rows_match_the_loops() {
+        if !crate::qgemm::Isa::Avx512.supported() {
+            eprintln!("skipped: no AVX-512");
+            return;
+        }
+        let mut rng = Rng::new(5);
+        for &(m, k, n) in &[(1, 64, 8), (2, 64, 37), (3, 64, 100), (3, 5, 17), (1, 20, 3), (2, 130, 15), (3, 128, 64)] {
+            let (lda, ldb, ldc) = (k + 3, k + 5, n + 2);
+            let a = rng.normals(m * lda, 1.0);
+            let b = rng.normals(n * ldb, 1.0);
+            let c0 = rng.normals(m * ldc, 1.0);
+            let bh: Vec<u16> = b.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect();
+            let bw: Vec<f32> = bh.iter().map(|&h| half::f16::from_bits(h).to_f32()).collect();
+            let (mut want, mut got, mut got_h, mut got_w) = (c0.clone(), c0.clone(), c0.clone(), c0.clone());
+            crate::ops::matmul_nt_acc_ref(&mut want, ldc, &a, lda, &b, ldb, m, k, n);
+            // SAFETY: AVX-512 present (checked); the operands hold [m, k], [n, k], [m, n] at their strides.
+            unsafe {
+                let run = |c: &mut [f32], pb: *const u8, f16: bool| match (m, f16) {
+                    (1, false) => super::nt_few_rows::<1, false>(c.as_mut_ptr(), ldc, a.as_ptr(), lda, pb, ldb, k, n),
+                    (2, false) => super::nt_few_rows::<2, false>(c.as_mut_ptr(), ldc, a.as_ptr(), lda, pb, ldb, k, n),
+                    (_, false) => super::nt_few_rows::<3, false>(c.as_mut_ptr(), ldc, a.as_ptr(), lda, pb, ldb, k, n),
+                    (1, true) => super::nt_few_rows::<1, true>(c.as_mut_ptr(), ldc, a.as_ptr(), lda, pb, ldb, k, n),
+                    (2, true) => super::nt_few_rows::<2, true>(c.as_mut_ptr(), ldc, a.as_ptr(), lda, pb, ldb, k, n),
+                    (_, true) => super::nt_few_rows::<3, true>(c.as_mut_ptr(), ldc, a.as_ptr(), lda, pb, ldb, k, n),
+                };
+                run(&mut got, b.as_ptr() as *const u8, false);
+                run(&mut got_h, bh.as_ptr() as *const u8, true);
+                run(&mut got_w, bw.as_ptr() as *const u8, false);
+            }
+            for r in 0..m {
+                for j in 0..ldc {
+                    let i = r * ldc + j;
+                    if j >= n {
+                        assert_eq!(got[i].to_bits(), c0[i].to_bits(), "[{m}x{k}x{n}] padding ({r},{j}) touched");
+                        continue;
+                    }
+                    let tol = 1e-5 * (k as f32).sqrt() * (1.0 + want[i].abs());
+                    assert!((got[i] - want[i]).abs() <= tol, "[{m}x{k}x{n}] ({r},{j}): {} vs {}", got[i], want[i]);
+                }
+            }
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got_h), bits(&got_w), "f16 keys [{m}x{k}x{n}]");
+        }
+    }
+}
