@@ -1,6 +1,10 @@
 //! `k3mini bench infer`: our engine and llama.cpp (llama-cpp-python) on the same GGUF, the same
 //! token ids and the same thread count, in one run: prefill tokens/s, decode tokens/s at several
 //! context lengths, peak RSS, and decode against the memory-bandwidth bound measured alongside.
+//! The engines take turns: every repeat of a measurement runs ours and llama.cpp's back to back
+//! (llama.cpp kept loaded in `tools/bench/llama_cpp_bench.py`, [`crate::bench_llama`]), and a
+//! ratio is the median of the per-repeat ratios, so that a shared machine's drift over minutes
+//! meets both engines alike.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -10,6 +14,8 @@ use anyhow::{bail, Context, Result};
 use k3_infer::linear::Compute;
 use k3_infer::{Logits, Model};
 use serde_json::{json, Value};
+
+use crate::bench_llama::Llama;
 
 #[derive(clap::Args)]
 pub struct BenchInferArgs {
@@ -130,9 +136,54 @@ fn weight_bytes_per_token(path: &Path) -> Result<u64> {
     Ok(total as u64)
 }
 
-struct Ours {
-    prefill: Vec<(usize, f64)>,
-    decode: Vec<(usize, f64)>,
+/// Repeated rates of one point (a prefill length or a decode context) for both engines, taken in
+/// alternating order (ours first on even repeats), so that drift on a shared machine meets both.
+#[derive(Default)]
+struct Point {
+    ours: Vec<f64>,
+    llama: Vec<f64>,
+}
+
+impl Point {
+    /// Time both engines once; `llama` is skipped when there is no llama.cpp.
+    fn take(
+        &mut self,
+        repeat: usize,
+        mut ours: impl FnMut() -> Result<f64>,
+        llama: Option<&mut dyn FnMut() -> Result<f64>>,
+    ) -> Result<()> {
+        match llama {
+            Some(l) if repeat % 2 == 1 => {
+                self.llama.push(l()?);
+                self.ours.push(ours()?);
+            }
+            Some(l) => {
+                self.ours.push(ours()?);
+                self.llama.push(l()?);
+            }
+            None => self.ours.push(ours()?),
+        }
+        Ok(())
+    }
+
+    fn ours(&self) -> f64 {
+        median(self.ours.clone())
+    }
+
+    fn llama(&self) -> Option<f64> {
+        (!self.llama.is_empty()).then(|| median(self.llama.clone()))
+    }
+
+    /// The median of the per-repeat ratios ours / llama.cpp.
+    fn ratio(&self) -> Option<f64> {
+        (!self.llama.is_empty()).then(|| median(self.ours.iter().zip(&self.llama).map(|(o, l)| o / l).collect()))
+    }
+}
+
+/// Everything measured at one thread count.
+struct Measured {
+    prefill: Vec<(usize, Point)>,
+    decode: Vec<(usize, Point)>,
     /// Each decode @0 repeat's tokens/s with the read bandwidth (GB/s) probed just before it.
     paired: Vec<(f64, f64)>,
 }
@@ -148,7 +199,15 @@ fn bandwidth_child(threads: usize) -> Option<f64> {
     String::from_utf8_lossy(&out.stdout).trim().parse().ok()
 }
 
-fn run_ours(model: &mut Model, ids: &[u32], a: &BenchInferArgs, threads: usize) -> Result<Ours> {
+/// Prefill and decode of our engine at `threads` threads, each measurement followed or preceded by
+/// llama.cpp's same measurement when `llama` is there.
+fn measure(
+    model: &mut Model,
+    ids: &[u32],
+    a: &BenchInferArgs,
+    threads: usize,
+    mut llama: Option<&mut Llama>,
+) -> Result<Measured> {
     model.compute = Compute { threads, exact: false };
     let feed = |m: &Model, st: &mut k3_infer::SeqState, toks: &[u32]| -> Result<()> {
         for c in toks.chunks(512) {
@@ -158,71 +217,64 @@ fn run_ours(model: &mut Model, ids: &[u32], a: &BenchInferArgs, threads: usize) 
     };
     let mut prefill = Vec::new();
     for n in list(&a.prefill, "prefill")? {
-        let mut rates = Vec::new();
-        for _ in 0..a.repeat {
-            let mut st = model.new_state();
-            let t0 = Instant::now();
-            feed(model, &mut st, &ids[..n])?;
-            rates.push(n as f64 / t0.elapsed().as_secs_f64());
+        let mut p = Point::default();
+        for r in 0..a.repeat {
+            let ours = || {
+                let mut st = model.new_state();
+                let t0 = Instant::now();
+                feed(model, &mut st, &ids[..n])?;
+                Ok(n as f64 / t0.elapsed().as_secs_f64())
+            };
+            let mut theirs = llama.as_deref_mut().map(|l| move || l.prefill(n));
+            p.take(r, ours, theirs.as_mut().map(|f| f as &mut dyn FnMut() -> Result<f64>))?;
         }
-        prefill.push((n, median(rates)));
+        prefill.push((n, p));
     }
-    // Decode: one sequence grows through the contexts in ascending order (a 32K context is
-    // prefilled once, not once per repeat); at each, `repeat` blocks of `decode_tokens` are timed,
-    // the context moving on by one block each time.
+    // Decode: one sequence per engine grows through the contexts in ascending order (a 32K
+    // context is prefilled once, not once per repeat); at each, `repeat` blocks of
+    // `decode_tokens` are timed, the context moving on by one block each time.
     let mut decode = Vec::new();
     let mut paired = Vec::new();
     let mut st = model.new_state();
     let mut pos = 0;
+    if let Some(l) = llama.as_deref_mut() {
+        l.feed(0, 0)?;
+    }
     for c in decode_contexts(a)? {
         if c > pos {
             feed(model, &mut st, &ids[pos..c])?;
+            if let Some(l) = llama.as_deref_mut() {
+                l.feed(pos, c)?;
+            }
             pos = c;
         }
-        let mut rates = Vec::new();
-        for _ in 0..a.repeat {
-            // At context 0 the bandwidth is probed right before each repeat, so that each ratio to
-            // the bound pairs a decode and a probe from the same moment of a shared, noisy machine.
-            let bw = if c == 0 { bandwidth_child(threads) } else { None };
-            let t0 = Instant::now();
-            for &tok in &ids[pos..pos + a.decode_tokens] {
-                model.forward(&[tok], &mut st, Logits::Last)?;
-            }
-            let rate = a.decode_tokens as f64 / t0.elapsed().as_secs_f64();
-            rates.push(rate);
-            if let Some(bw) = bw {
-                paired.push((rate, bw));
-            }
+        let mut p = Point::default();
+        for r in 0..a.repeat {
+            let block = pos..pos + a.decode_tokens;
+            let ours = || {
+                // At context 0 the bandwidth is probed right before each of our repeats, so that
+                // each ratio to the bound pairs a decode and a probe from the same moment.
+                let bw = if c == 0 { bandwidth_child(threads) } else { None };
+                let t0 = Instant::now();
+                for &tok in &ids[block.clone()] {
+                    model.forward(&[tok], &mut st, Logits::Last)?;
+                }
+                let rate = a.decode_tokens as f64 / t0.elapsed().as_secs_f64();
+                if let Some(bw) = bw {
+                    paired.push((rate, bw));
+                }
+                Ok(rate)
+            };
+            let mut theirs = llama.as_deref_mut().map(|l| {
+                let b = block.clone();
+                move || l.decode(b.start, b.end)
+            });
+            p.take(r, ours, theirs.as_mut().map(|f| f as &mut dyn FnMut() -> Result<f64>))?;
             pos += a.decode_tokens;
         }
-        decode.push((c, median(rates)));
+        decode.push((c, p));
     }
-    Ok(Ours { prefill, decode, paired })
-}
-
-fn run_llama(path: &Path, ids_file: &Path, a: &BenchInferArgs, threads: usize) -> Result<Option<Value>> {
-    let py = std::env::var("K3MINI_PYTHON").unwrap_or_else(|_| "python3".into());
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/bench/llama_cpp_bench.py");
-    let out = Command::new(&py)
-        .arg(&script)
-        .arg(path)
-        .args(["--threads", &threads.to_string(), "--ids"])
-        .arg(ids_file)
-        .args(["--prefill", &a.prefill, "--decode-ctx", &a.decode_ctx])
-        .args(["--decode-tokens", &a.decode_tokens.to_string(), "--repeat", &a.repeat.to_string()])
-        .output()
-        .with_context(|| format!("running {py} {}", script.display()))?;
-    match out.status.code() {
-        Some(0) => {}
-        Some(3) => {
-            eprintln!("llama.cpp is not installed in {py}; run scripts/setup-llama-cpp (ours only)");
-            return Ok(None);
-        }
-        _ => bail!("{} failed:\n{}", script.display(), String::from_utf8_lossy(&out.stderr)),
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text.lines().last().unwrap_or_default();
-    Ok(Some(serde_json::from_str(line).with_context(|| format!("bad output from the script: {line}"))?))
+    Ok(Measured { prefill, decode, paired })
 }
 
 pub fn run(a: &BenchInferArgs) -> Result<()> {
@@ -248,7 +300,8 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
     let weight_bytes = weight_bytes_per_token(&a.model)?;
     let isa = k3_kernels::qgemm::Isa::best();
     println!(
-        "model {} ({:.1} MiB of weights read per decoded token), ids: {longest} pseudo-random, median of {}; \
+        "model {} ({:.1} MiB of weights read per decoded token), ids: {longest} pseudo-random, median of {} \
+         repeats, the engines alternating (ratio: the median of the per-repeat ratios); \
          our kernels: {} for prefill, {} for decode (K3MINI_ISA overrides)",
         a.model.display(),
         weight_bytes as f64 / (1 << 20) as f64,
@@ -256,37 +309,35 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
         isa.name(),
         isa.for_tokens(1).name()
     );
-    // Ours first at every thread count, so that our peak RSS is the engine's own (the bandwidth
-    // probe's 512 MiB buffer comes after).
-    let ours_all = threads.iter().map(|&n| run_ours(&mut model, &ids, a, n)).collect::<Result<Vec<_>>>()?;
-    let rss = peak_rss_mib();
     let mut report = Vec::new();
     let (mut decode_series, mut prefill_series) = (Vec::new(), Vec::new());
-    for (&n, ours) in threads.iter().zip(&ours_all) {
-        let bw = bandwidth_gbs(n);
-        let llama = if a.no_llama || a.model.is_dir() { None } else { run_llama(&a.model, &ids_file, a, n)? };
+    let mut llama_rss = Vec::new();
+    for &n in &threads {
+        // The probes run in child processes, so this process's peak RSS stays the engine's own.
+        let bw = bandwidth_child(n).unwrap_or_else(|| bandwidth_gbs(n));
+        let mut llama = match a.no_llama || a.model.is_dir() {
+            true => None,
+            false => Llama::start(&a.model, &ids_file, n, longest + 16)?,
+        };
+        let m = measure(&mut model, &ids, a, n, llama.as_mut())?;
+        let version = llama.as_ref().map(|l| l.version.clone());
+        let rss_llama = llama.map(Llama::quit).transpose()?;
+        llama_rss.extend(rss_llama);
         let bound = bw * 1e9 / weight_bytes as f64;
         println!("\n{n} thread(s): read bandwidth {bw:.1} GB/s -> decode bound {bound:.1} tok/s");
         println!("  {:<22} {:>10} {:>12} {:>8}", "", "ours", "llama.cpp", "ratio");
-        let get = |kind: &str, k: usize| llama.as_ref().and_then(|l| l[kind][k.to_string()].as_f64());
-        let mut rows = Vec::new();
-        for (k, r) in &ours.prefill {
-            rows.push((format!("prefill {k} tok/s"), *r, get("prefill", *k)));
-        }
-        for (k, r) in &ours.decode {
-            rows.push((format!("decode @{k} tok/s"), *r, get("decode", *k)));
-        }
-        for (label, o, l) in &rows {
-            match l {
-                Some(l) => println!("  {label:<22} {o:>10.1} {l:>12.1} {:>7.2}x", o / l),
-                None => println!("  {label:<22} {o:>10.1} {:>12} {:>8}", "-", "-"),
+        let rows = m.prefill.iter().map(|(k, p)| (format!("prefill {k} tok/s"), p));
+        for (label, p) in rows.chain(m.decode.iter().map(|(k, p)| (format!("decode @{k} tok/s"), p))) {
+            match (p.llama(), p.ratio()) {
+                (Some(l), Some(r)) => println!("  {label:<22} {:>10.1} {l:>12.1} {r:>7.2}x", p.ours()),
+                _ => println!("  {label:<22} {:>10.1} {:>12} {:>8}", p.ours(), "-", "-"),
             }
         }
-        if let Some((_, d0)) = ours.decode.iter().find(|(c, _)| *c == 0) {
-            let l0 = get("decode", 0).map_or(String::new(), |l| format!(", llama.cpp's {:.0}%", 100.0 * l / bound));
-            println!("  decode @0 is {:.0}% of the bandwidth bound{l0}", 100.0 * d0 / bound);
+        if let Some((_, p)) = m.decode.iter().find(|(c, _)| *c == 0) {
+            let l0 = p.llama().map_or(String::new(), |l| format!(", llama.cpp's {:.0}%", 100.0 * l / bound));
+            println!("  decode @0 is {:.0}% of the bandwidth bound{l0}", 100.0 * p.ours() / bound);
         }
-        let fractions: Vec<f64> = ours.paired.iter().map(|&(r, b)| r * weight_bytes as f64 / (b * 1e9)).collect();
+        let fractions: Vec<f64> = m.paired.iter().map(|&(r, b)| r * weight_bytes as f64 / (b * 1e9)).collect();
         if !fractions.is_empty() {
             let each: Vec<String> = fractions.iter().map(|f| format!("{:.0}%", 100.0 * f)).collect();
             println!(
@@ -295,28 +346,45 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
                 each.join(", ")
             );
         }
-        decode_series.push((format!("ours, {n} thr"), ours.decode.clone()));
-        prefill_series.push((format!("ours, {n} thr"), ours.prefill.clone()));
-        if llama.is_some() {
-            let pick = |kind: &str, pts: &[(usize, f64)]| -> Vec<(usize, f64)> {
-                pts.iter().filter_map(|(c, _)| Some((*c, get(kind, *c)?))).collect()
+        let ours_of = |pts: &[(usize, Point)]| pts.iter().map(|(k, p)| (*k, p.ours())).collect::<Vec<_>>();
+        let llama_of =
+            |pts: &[(usize, Point)]| pts.iter().filter_map(|(k, p)| Some((*k, p.llama()?))).collect::<Vec<_>>();
+        decode_series.push((format!("ours, {n} thr"), ours_of(&m.decode)));
+        prefill_series.push((format!("ours, {n} thr"), ours_of(&m.prefill)));
+        let llama_json = version.map(|v| {
+            let by_key = |pts: &[(usize, f64)]| {
+                pts.iter().map(|(k, r)| (k.to_string(), json!(r))).collect::<serde_json::Map<_, _>>()
             };
-            decode_series.push((format!("llama.cpp, {n} thr"), pick("decode", &ours.decode)));
-            prefill_series.push((format!("llama.cpp, {n} thr"), pick("prefill", &ours.prefill)));
+            json!({"prefill": by_key(&llama_of(&m.prefill)), "decode": by_key(&llama_of(&m.decode)),
+                   "peak_rss_mib": rss_llama, "llama_cpp_python": v})
+        });
+        if llama_json.is_some() {
+            decode_series.push((format!("llama.cpp, {n} thr"), llama_of(&m.decode)));
+            prefill_series.push((format!("llama.cpp, {n} thr"), llama_of(&m.prefill)));
         }
+        let each = |pts: &[(usize, Point)]| -> Value {
+            pts.iter()
+                .map(|(k, p)| (k.to_string(), json!({"ours": p.ours, "llama_cpp": p.llama, "ratio": p.ratio()})))
+                .collect::<serde_json::Map<_, _>>()
+                .into()
+        };
         report.push(json!({
             "threads": n,
             "bandwidth_gbs": bw,
             "decode_bound_tok_s": bound,
-            "ours": {"prefill": ours.prefill, "decode": ours.decode},
-            "decode0_paired": ours.paired.iter().map(|&(r, b)| json!({"tok_s": r, "bandwidth_gbs": b})).collect::<Vec<_>>(),
+            "ours": {"prefill": ours_of(&m.prefill), "decode": ours_of(&m.decode)},
+            "repeats": {"prefill": each(&m.prefill), "decode": each(&m.decode)},
+            "decode0_paired": m.paired.iter().map(|&(r, b)| json!({"tok_s": r, "bandwidth_gbs": b})).collect::<Vec<_>>(),
             "decode0_bound_fraction_paired": (!fractions.is_empty()).then(|| median(fractions.clone())),
-            "llama_cpp": llama,
+            "llama_cpp": llama_json,
         }));
     }
-    println!(
-        "\npeak RSS: ours {rss:.0} MiB (the benchmark process before its bandwidth probe; llama.cpp's is in the JSON)"
-    );
+    let rss = peak_rss_mib();
+    let theirs: Vec<String> = llama_rss.iter().map(|r| format!("{r:.0}")).collect();
+    match theirs.is_empty() {
+        true => println!("\npeak RSS: ours {rss:.0} MiB"),
+        false => println!("\npeak RSS: ours {rss:.0} MiB, llama.cpp {} MiB (per thread count)", theirs.join(" / ")),
+    }
     let _ = std::fs::remove_file(&ids_file);
     if let Some(p) = &a.json {
         let j = json!({"model": a.model.display().to_string(), "weight_bytes_per_token": weight_bytes,

@@ -5,6 +5,7 @@
 //! `logits --engine torch`.
 
 mod bench_infer;
+mod bench_llama;
 #[cfg(feature = "train")]
 mod bench_train;
 mod capture;

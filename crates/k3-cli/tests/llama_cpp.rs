@@ -251,6 +251,61 @@ fn tiny_k3_loads_in_llama_cpp_kimi_k3() {
     assert!(diff <= 1e-2, "tiny_k3: max |k3mini − llama.cpp| = {diff:e}");
 }
 
+/// `k3mini bench infer` drives llama.cpp a measurement at a time: every point holds one rate per
+/// repeat for each engine, the ratio is the median of the per-repeat ratios, and llama.cpp's
+/// decode walk reaches the same contexts (its rates exist at each).
+#[test]
+fn bench_infer_alternates_with_llama_cpp() {
+    let Some(_py) = llama_python() else { return };
+    let d = scratch("bench");
+    let g = d.join("k3.gguf");
+    run(k3mini().args(["quantize", "--model"]).arg(golden("tiny_k3")).args(["--type", "f32", "--out"]).arg(&g));
+    let out = d.join("bench.json");
+    let text = run(k3mini()
+        .args(["bench", "infer", "--model"])
+        .arg(&g)
+        .args([
+            "--threads",
+            "1",
+            "--prefill",
+            "24",
+            "--decode-ctx",
+            "0,16",
+            "--decode-tokens",
+            "3",
+            "--repeat",
+            "3",
+            "--json",
+        ])
+        .arg(&out));
+    eprintln!("{text}");
+    let j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).expect("read")).expect("json");
+    let r = &j["runs"][0];
+    for (kind, key) in [("prefill", "24"), ("decode", "0"), ("decode", "16")] {
+        let p = &r["repeats"][kind][key];
+        let rates = |who: &str| -> Vec<f64> {
+            p[who]
+                .as_array()
+                .unwrap_or_else(|| panic!("{kind} {key}: no {who} rates"))
+                .iter()
+                .map(|x| x.as_f64().expect("rate"))
+                .collect()
+        };
+        let (ours, theirs) = (rates("ours"), rates("llama_cpp"));
+        assert_eq!((ours.len(), theirs.len()), (3, 3), "{kind} {key}: one rate per repeat for each engine");
+        assert!(ours.iter().chain(&theirs).all(|&x| x.is_finite() && x > 0.0), "{kind} {key}: {ours:?} {theirs:?}");
+        let mut ratios: Vec<f64> = ours.iter().zip(&theirs).map(|(o, l)| o / l).collect();
+        ratios.sort_by(f64::total_cmp);
+        let ratio = p["ratio"].as_f64().expect("ratio");
+        assert!(
+            (ratio - ratios[1]).abs() <= 1e-9 * ratio,
+            "{kind} {key}: ratio {ratio} is not the median of {ratios:?}"
+        );
+        assert!(r["llama_cpp"][kind][key].as_f64().is_some_and(|x| x > 0.0), "{kind} {key}: no llama.cpp median");
+    }
+    assert!(r["llama_cpp"]["peak_rss_mib"].as_f64().is_some_and(|x| x > 0.0), "no llama.cpp RSS");
+}
+
 /// llama.cpp's converter (from the same sdist, unpacked by scripts/setup-llama-cpp).
 fn converter() -> Option<PathBuf> {
     let home = std::env::var_os("K3MINI_HOME")?;

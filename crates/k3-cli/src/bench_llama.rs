@@ -1,0 +1,112 @@
+//! llama.cpp's side of `k3mini bench infer`: `tools/bench/llama_cpp_bench.py` (llama-cpp-python)
+//! kept running with the GGUF loaded and asked for one measurement at a time, so that the
+//! benchmark can alternate the two engines measurement by measurement.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+/// A running `llama_cpp_bench.py` with the model loaded.
+pub struct Llama {
+    child: Child,
+    stdin: ChildStdin,
+    out: BufReader<ChildStdout>,
+    /// The script's stderr, read back when it fails.
+    err_file: PathBuf,
+    pub version: String,
+}
+
+impl Llama {
+    /// Start the script on `model` with `threads` threads and a context of `n_ctx`, over the
+    /// comma-separated ids in `ids_file`. `None` (with a message) when llama_cpp is not installed.
+    pub fn start(model: &Path, ids_file: &Path, threads: usize, n_ctx: usize) -> Result<Option<Self>> {
+        let py = std::env::var("K3MINI_PYTHON").unwrap_or_else(|_| "python3".into());
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/bench/llama_cpp_bench.py");
+        let err_file = ids_file.with_extension(format!("llama-{threads}.err"));
+        let err = std::fs::File::create(&err_file).with_context(|| format!("creating {}", err_file.display()))?;
+        let mut child = Command::new(&py)
+            .arg(&script)
+            .arg(model)
+            .args(["--threads", &threads.to_string(), "--n-ctx", &n_ctx.to_string(), "--ids"])
+            .arg(ids_file)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(err)
+            .spawn()
+            .with_context(|| format!("running {py} {}", script.display()))?;
+        let (stdin, stdout) = (child.stdin.take(), child.stdout.take());
+        let (Some(stdin), Some(stdout)) = (stdin, stdout) else {
+            bail!("{}: no pipes to the script", script.display())
+        };
+        let mut me = Self { child, stdin, out: BufReader::new(stdout), err_file, version: String::new() };
+        let mut line = String::new();
+        me.out.read_line(&mut line)?;
+        if line.trim().is_empty() {
+            let code = me.child.wait()?.code();
+            if code == Some(3) {
+                eprintln!("llama.cpp is not installed in {py}; run scripts/setup-llama-cpp (ours only)");
+                let _ = std::fs::remove_file(&me.err_file);
+                return Ok(None);
+            }
+            bail!("{} exited ({code:?}) before loading {}:\n{}", script.display(), model.display(), me.stderr());
+        }
+        let ready: Value =
+            serde_json::from_str(line.trim()).with_context(|| format!("bad first line from the script: {line}"))?;
+        me.version = ready["llama_cpp_python"].as_str().unwrap_or("?").to_string();
+        Ok(Some(me))
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.err_file).unwrap_or_default()
+    }
+
+    /// Send one command and read its JSON answer.
+    fn ask(&mut self, cmd: &str) -> Result<Value> {
+        let sent = writeln!(self.stdin, "{cmd}").and_then(|_| self.stdin.flush());
+        let mut line = String::new();
+        let got = sent.is_ok() && self.out.read_line(&mut line).is_ok_and(|n| n > 0);
+        if !got {
+            bail!("llama_cpp_bench.py stopped on `{cmd}`:\n{}", self.stderr());
+        }
+        serde_json::from_str(line.trim()).with_context(|| format!("bad answer to `{cmd}` from the script: {line}"))
+    }
+
+    fn seconds(&mut self, cmd: &str) -> Result<f64> {
+        let v = self.ask(cmd)?;
+        v["seconds"].as_f64().with_context(|| format!("no seconds in the answer to `{cmd}`: {v}"))
+    }
+
+    /// Tokens/s of a fresh sequence's prefill of the first `n` ids.
+    pub fn prefill(&mut self, n: usize) -> Result<f64> {
+        Ok(n as f64 / self.seconds(&format!("prefill {n}"))?)
+    }
+
+    /// Append ids lo..hi to the sequence untimed (a fresh sequence when lo is 0).
+    pub fn feed(&mut self, lo: usize, hi: usize) -> Result<()> {
+        self.ask(&format!("feed {lo} {hi}")).map(drop)
+    }
+
+    /// Tokens/s of ids lo..hi decoded one at a time.
+    pub fn decode(&mut self, lo: usize, hi: usize) -> Result<f64> {
+        Ok((hi - lo) as f64 / self.seconds(&format!("decode {lo} {hi}"))?)
+    }
+
+    /// Stop the script; its peak RSS (MiB).
+    pub fn quit(mut self) -> Result<f64> {
+        let v = self.ask("quit")?;
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.err_file);
+        Ok(v["peak_rss_mib"].as_f64().unwrap_or(f64::NAN))
+    }
+}
+
+impl Drop for Llama {
+    fn drop(&mut self) {
+        // After `quit` the child has exited and this is a no-op; on an error path, stop it.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
