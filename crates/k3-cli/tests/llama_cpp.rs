@@ -230,13 +230,19 @@ fn teacher_greedy_matches_llama_cpp() {
     assert!(full >= 1, "no prompt gave llama.cpp's 32-token greedy continuation");
 }
 
+/// A scratch directory `tag` and the tiny_k3 golden checkpoint in it as an f32 GGUF.
+fn tiny_k3_gguf(tag: &str) -> (PathBuf, PathBuf) {
+    let d = scratch(tag);
+    let g = d.join("k3.gguf");
+    run(k3mini().args(["quantize", "--model"]).arg(golden("tiny_k3")).args(["--type", "f32", "--out"]).arg(&g));
+    (d, g)
+}
+
 /// A K3-profile GGUF loads in llama.cpp's `kimi-k3` and agrees with our engine (f32 weights).
 #[test]
 fn tiny_k3_loads_in_llama_cpp_kimi_k3() {
     let Some(py) = llama_python() else { return };
-    let d = scratch("k3");
-    let g = d.join("k3.gguf");
-    run(k3mini().args(["quantize", "--model"]).arg(golden("tiny_k3")).args(["--type", "f32", "--out"]).arg(&g));
+    let (d, g) = tiny_k3_gguf("k3");
     let ids: Vec<u32> = (0..40).map(|i| (i * 53 + 7) % 250 + 3).collect();
     let ids = ids_arg(&ids);
     let ours = ours_logits(&g, &ids, &d.join("ours.safetensors"));
@@ -257,9 +263,7 @@ fn tiny_k3_loads_in_llama_cpp_kimi_k3() {
 #[test]
 fn bench_infer_alternates_with_llama_cpp() {
     let Some(_py) = llama_python() else { return };
-    let d = scratch("bench");
-    let g = d.join("k3.gguf");
-    run(k3mini().args(["quantize", "--model"]).arg(golden("tiny_k3")).args(["--type", "f32", "--out"]).arg(&g));
+    let (d, g) = tiny_k3_gguf("bench");
     let out = d.join("bench.json");
     let text = run(k3mini()
         .args(["bench", "infer", "--model"])

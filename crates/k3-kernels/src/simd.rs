@@ -529,10 +529,11 @@ mod x86 {
     ) {
         let (pc, pa) = (c.as_mut_ptr(), a.as_ptr());
         // A decode step's few query heads per KV head: eight keys per tile, reduced together.
+        let ops = crate::simd_keys::Keys { pc, ldc, pa, lda, pb, ldb, k };
         match m {
-            1 => return crate::simd_keys::nt_few_rows::<1, F16>(pc, ldc, pa, lda, pb, ldb, k, n),
-            2 => return crate::simd_keys::nt_few_rows::<2, F16>(pc, ldc, pa, lda, pb, ldb, k, n),
-            3 => return crate::simd_keys::nt_few_rows::<3, F16>(pc, ldc, pa, lda, pb, ldb, k, n),
+            1 => return crate::simd_keys::nt_few_rows::<1, F16>(ops, n),
+            2 => return crate::simd_keys::nt_few_rows::<2, F16>(ops, n),
+            3 => return crate::simd_keys::nt_few_rows::<3, F16>(ops, n),
             _ => {}
         }
         let mut i0 = 0;

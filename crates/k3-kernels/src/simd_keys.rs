@@ -8,6 +8,19 @@
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
+/// The operands: C [R, n] and A [R, k] at their first row, B [n, k] (f32, or f16 bits) at its
+/// first key; strides in elements; k the shared dimension.
+#[derive(Clone, Copy)]
+pub struct Keys {
+    pub pc: *mut f32,
+    pub ldc: usize,
+    pub pa: *const f32,
+    pub lda: usize,
+    pub pb: *const u8,
+    pub ldb: usize,
+    pub k: usize,
+}
+
 /// Rows of A this form takes (more would spill the 8·R accumulators out of the 32 registers).
 pub const MAX_ROWS: usize = 3;
 
@@ -19,48 +32,23 @@ pub const MAX_ROWS: usize = 3;
 /// and C ([R, n], stride `ldc`) must lie within their allocations.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-pub unsafe fn nt_few_rows<const R: usize, const F16: bool>(
-    pc: *mut f32,
-    ldc: usize,
-    pa: *const f32,
-    lda: usize,
-    pb: *const u8,
-    ldb: usize,
-    k: usize,
-    n: usize,
-) {
+pub unsafe fn nt_few_rows<const R: usize, const F16: bool>(ops: Keys, n: usize) {
+    let Keys { pc, pb, ldb, .. } = ops;
     let mut j0 = 0;
     while j0 < n {
         let keys = (n - j0).min(8);
-        if keys == 8 {
-            keys8::<R, F16, 8>(pc.add(j0), ldc, pa, lda, pb.add(j0 * ldb * if F16 { 2 } else { 4 }), ldb, k);
-        } else {
-            tail::<R, F16>(pc.add(j0), ldc, pa, lda, pb.add(j0 * ldb * if F16 { 2 } else { 4 }), ldb, k, keys);
+        let at = Keys { pc: pc.add(j0), pb: pb.add(j0 * ldb * if F16 { 2 } else { 4 }), ..ops };
+        match keys {
+            8 => keys8::<R, F16, 8>(at),
+            7 => keys8::<R, F16, 7>(at),
+            6 => keys8::<R, F16, 6>(at),
+            5 => keys8::<R, F16, 5>(at),
+            4 => keys8::<R, F16, 4>(at),
+            3 => keys8::<R, F16, 3>(at),
+            2 => keys8::<R, F16, 2>(at),
+            _ => keys8::<R, F16, 1>(at),
         }
         j0 += keys;
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-unsafe fn tail<const R: usize, const F16: bool>(
-    pc: *mut f32,
-    ldc: usize,
-    pa: *const f32,
-    lda: usize,
-    pb: *const u8,
-    ldb: usize,
-    k: usize,
-    keys: usize,
-) {
-    match keys {
-        7 => keys8::<R, F16, 7>(pc, ldc, pa, lda, pb, ldb, k),
-        6 => keys8::<R, F16, 6>(pc, ldc, pa, lda, pb, ldb, k),
-        5 => keys8::<R, F16, 5>(pc, ldc, pa, lda, pb, ldb, k),
-        4 => keys8::<R, F16, 4>(pc, ldc, pa, lda, pb, ldb, k),
-        3 => keys8::<R, F16, 3>(pc, ldc, pa, lda, pb, ldb, k),
-        2 => keys8::<R, F16, 2>(pc, ldc, pa, lda, pb, ldb, k),
-        _ => keys8::<R, F16, 1>(pc, ldc, pa, lda, pb, ldb, k),
     }
 }
 
@@ -68,15 +56,8 @@ unsafe fn tail<const R: usize, const F16: bool>(
 /// are not stored).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn keys8<const R: usize, const F16: bool, const N: usize>(
-    pc: *mut f32,
-    ldc: usize,
-    pa: *const f32,
-    lda: usize,
-    pb: *const u8,
-    ldb: usize,
-    k: usize,
-) {
+unsafe fn keys8<const R: usize, const F16: bool, const N: usize>(at: Keys) {
+    let Keys { pc, ldc, pa, lda, pb, ldb, k } = at;
     let mut acc = [[_mm512_setzero_ps(); 8]; R];
     let mut kk = 0;
     while kk < k {
@@ -147,13 +128,22 @@ mod tests {
             crate::ops::matmul_nt_acc_ref(&mut want, ldc, &a, lda, &b, ldb, m, k, n);
             // SAFETY: AVX-512 present (checked); the operands hold [m, k], [n, k], [m, n] at their strides.
             unsafe {
+                let ops = |c: &mut [f32], pb: *const u8| super::Keys {
+                    pc: c.as_mut_ptr(),
+                    ldc,
+                    pa: a.as_ptr(),
+                    lda,
+                    pb,
+                    ldb,
+                    k,
+                };
                 let run = |c: &mut [f32], pb: *const u8, f16: bool| match (m, f16) {
-                    (1, false) => super::nt_few_rows::<1, false>(c.as_mut_ptr(), ldc, a.as_ptr(), lda, pb, ldb, k, n),
-                    (2, false) => super::nt_few_rows::<2, false>(c.as_mut_ptr(), ldc, a.as_ptr(), lda, pb, ldb, k, n),
-                    (_, false) => super::nt_few_rows::<3, false>(c.as_mut_ptr(), ldc, a.as_ptr(), lda, pb, ldb, k, n),
-                    (1, true) => super::nt_few_rows::<1, true>(c.as_mut_ptr(), ldc, a.as_ptr(), lda, pb, ldb, k, n),
-                    (2, true) => super::nt_few_rows::<2, true>(c.as_mut_ptr(), ldc, a.as_ptr(), lda, pb, ldb, k, n),
-                    (_, true) => super::nt_few_rows::<3, true>(c.as_mut_ptr(), ldc, a.as_ptr(), lda, pb, ldb, k, n),
+                    (1, false) => super::nt_few_rows::<1, false>(ops(c, pb), n),
+                    (2, false) => super::nt_few_rows::<2, false>(ops(c, pb), n),
+                    (_, false) => super::nt_few_rows::<3, false>(ops(c, pb), n),
+                    (1, true) => super::nt_few_rows::<1, true>(ops(c, pb), n),
+                    (2, true) => super::nt_few_rows::<2, true>(ops(c, pb), n),
+                    (_, true) => super::nt_few_rows::<3, true>(ops(c, pb), n),
                 };
                 run(&mut got, b.as_ptr() as *const u8, false);
                 run(&mut got_h, bh.as_ptr() as *const u8, true);
