@@ -127,7 +127,7 @@ pub fn matmul_nt_acc<B: Elem>(
     #[cfg(target_arch = "x86_64")]
     if crate::qgemm::Isa::best() >= crate::qgemm::Isa::Avx512 {
         // SAFETY: as in `matmul_acc_strided`.
-        unsafe { x86::matmul_nt_acc512(c, ldc, a, lda, b, ldb, m, k, n) };
+        unsafe { crate::simd_keys::matmul_nt_acc512(c, ldc, a, lda, b, ldb, m, k, n) };
         return;
     }
     #[cfg(target_arch = "x86_64")]
@@ -217,7 +217,7 @@ pub fn xor_fold_ref(words: &[u64]) -> u64 {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(crate) mod x86 {
     use std::arch::x86_64::*;
 
     #[target_feature(enable = "avx512f")]
@@ -303,7 +303,7 @@ mod x86 {
     /// 16 values of B at element `idx` (lanes outside `mask` zero): f32, or f16 bits widened.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-    unsafe fn load_b<const F16: bool>(pb: *const u8, idx: usize, mask: __mmask16) -> __m512 {
+    pub(crate) unsafe fn load_b<const F16: bool>(pb: *const u8, idx: usize, mask: __mmask16) -> __m512 {
         if F16 {
             _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, pb.add(2 * idx) as *const i16))
         } else {
@@ -462,130 +462,6 @@ mod x86 {
             for (q, acc) in acc.iter().enumerate() {
                 _mm512_mask_storeu_ps(t.pc.add(r * t.ldc + 16 * q), t.mask[q], *acc);
             }
-        }
-    }
-
-    /// See [`super::matmul_nt_acc`]. Extents are checked by the caller.
-    #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-    pub unsafe fn matmul_nt_acc512<B: super::Elem>(
-        c: &mut [f32],
-        ldc: usize,
-        a: &[f32],
-        lda: usize,
-        b: &[B],
-        ldb: usize,
-        m: usize,
-        k: usize,
-        n: usize,
-    ) {
-        let pb = b.as_ptr() as *const u8;
-        if B::F16 {
-            nt_acc512::<true>(c, ldc, a, lda, pb, ldb, m, k, n)
-        } else {
-            nt_acc512::<false>(c, ldc, a, lda, pb, ldb, m, k, n)
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-    unsafe fn nt_acc512<const F16: bool>(
-        c: &mut [f32],
-        ldc: usize,
-        a: &[f32],
-        lda: usize,
-        pb: *const u8,
-        ldb: usize,
-        m: usize,
-        k: usize,
-        n: usize,
-    ) {
-        // B in panels of NB rows, each pulled from memory once and re-read from L2 by every
-        // 8-row tile of A (a long B, e.g. a 32K-row attention cache, would otherwise be streamed
-        // once per tile).
-        const NB: usize = 128;
-        let mut p0 = 0;
-        while p0 < n {
-            let nb = NB.min(n - p0);
-            nt_panel512::<F16>(&mut c[p0..], ldc, a, lda, pb.add(p0 * ldb * if F16 { 2 } else { 4 }), ldb, m, k, nb);
-            p0 += nb;
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-    unsafe fn nt_panel512<const F16: bool>(
-        c: &mut [f32],
-        ldc: usize,
-        a: &[f32],
-        lda: usize,
-        pb: *const u8,
-        ldb: usize,
-        m: usize,
-        k: usize,
-        n: usize,
-    ) {
-        let (pc, pa) = (c.as_mut_ptr(), a.as_ptr());
-        // A decode step's few query heads per KV head: eight keys per tile, reduced together.
-        let ops = crate::simd_keys::Keys { pc, ldc, pa, lda, pb, ldb, k };
-        match m {
-            1 => return crate::simd_keys::nt_few_rows::<1, F16>(ops, n),
-            2 => return crate::simd_keys::nt_few_rows::<2, F16>(ops, n),
-            3 => return crate::simd_keys::nt_few_rows::<3, F16>(ops, n),
-            _ => {}
-        }
-        let mut i0 = 0;
-        while i0 < m {
-            let rows = (m - i0).min(8);
-            let mut j0 = 0;
-            while j0 < n {
-                let cols = (n - j0).min(2);
-                macro_rules! tile {
-                    ($r:literal, $c:literal) => {{
-                        let mut acc = [[_mm512_setzero_ps(); $c]; $r];
-                        let mut kk = 0;
-                        while kk < k {
-                            let left = (k - kk).min(16);
-                            let mk: __mmask16 = ((1u32 << left) - 1) as u16;
-                            let bv: [__m512; $c] = std::array::from_fn(|q| load_b::<F16>(pb, (j0 + q) * ldb + kk, mk));
-                            for r in 0..$r {
-                                let av = _mm512_maskz_loadu_ps(mk, pa.add((i0 + r) * lda + kk));
-                                for q in 0..$c {
-                                    acc[r][q] = _mm512_fmadd_ps(av, bv[q], acc[r][q]);
-                                }
-                            }
-                            kk += 16;
-                        }
-                        for r in 0..$r {
-                            for q in 0..$c {
-                                *pc.add((i0 + r) * ldc + j0 + q) += _mm512_reduce_add_ps(acc[r][q]);
-                            }
-                        }
-                    }};
-                }
-                match (rows, cols) {
-                    (8, 2) => tile!(8, 2),
-                    (8, _) => tile!(8, 1),
-                    (4..=7, 2) => tile!(4, 2),
-                    (4..=7, _) => tile!(4, 1),
-                    (3, 2) => tile!(3, 2),
-                    (3, _) => tile!(3, 1),
-                    (2, 2) => tile!(2, 2),
-                    (2, _) => tile!(2, 1),
-                    (_, 2) => tile!(1, 2),
-                    _ => tile!(1, 1),
-                }
-                j0 += cols;
-            }
-            // Tiles of 2 and 3 rows: a decode step's G query heads per KV head (SmolLM2: 3)
-            // share each key's load and f16 widening.
-            i0 += match rows {
-                8 => 8,
-                4..=7 => 4,
-                r => r,
-            };
         }
     }
 

@@ -4,6 +4,7 @@
 //! as many instructions as a 64-wide key's multiply-adds; here each row keeps eight keys'
 //! accumulators and one transposing tree sums all eight into one vector of eight scores
 //! (~3.4 instructions a key instead of ~10). The same products, summed in another order.
+//! Also the general A·Bᵀ tiles ([`matmul_nt_acc512`]), which hand such few-row products here.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -64,12 +65,7 @@ unsafe fn keys8<const R: usize, const F16: bool, const N: usize>(at: Keys) {
         let mk = ((1u32 << (k - kk).min(16)) - 1) as __mmask16;
         let av: [__m512; R] = std::array::from_fn(|r| _mm512_maskz_loadu_ps(mk, pa.add(r * lda + kk)));
         for q in 0..N {
-            let at = q * ldb + kk;
-            let bv = if F16 {
-                _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, pb.add(2 * at) as *const i16))
-            } else {
-                _mm512_maskz_loadu_ps(mk, pb.add(4 * at) as *const f32)
-            };
+            let bv = crate::simd::x86::load_b::<F16>(pb, q * ldb + kk, mk);
             for r in 0..R {
                 acc[r][q] = _mm512_fmadd_ps(av[r], bv, acc[r][q]);
             }
@@ -102,6 +98,140 @@ unsafe fn sum8(v: &[__m512; 8]) -> __m256 {
     let whole = _mm512_add_ps(pairs, _mm512_permute_ps::<0xB1>(pairs));
     let order = _mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0);
     _mm512_castps512_ps256(_mm512_permutexvar_ps(order, whole))
+}
+
+/// See [`crate::simd::matmul_nt_acc`].
+///
+/// # Safety
+/// AVX-512 F/BW/VL and F16C must be present; the caller has checked the operands' extents.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+pub(crate) unsafe fn matmul_nt_acc512<B: crate::simd::Elem>(
+    c: &mut [f32],
+    ldc: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[B],
+    ldb: usize,
+    m: usize,
+    k: usize,
+    n: usize,
+) {
+    let pb = b.as_ptr() as *const u8;
+    // A decode step's few query heads per KV head: eight keys per tile, reduced together.
+    let ops = Keys { pc: c.as_mut_ptr(), ldc, pa: a.as_ptr(), lda, pb, ldb, k };
+    match (m, B::F16) {
+        (1, false) => return nt_few_rows::<1, false>(ops, n),
+        (2, false) => return nt_few_rows::<2, false>(ops, n),
+        (3, false) => return nt_few_rows::<3, false>(ops, n),
+        (1, true) => return nt_few_rows::<1, true>(ops, n),
+        (2, true) => return nt_few_rows::<2, true>(ops, n),
+        (3, true) => return nt_few_rows::<3, true>(ops, n),
+        _ => {}
+    }
+    if B::F16 {
+        nt_acc512::<true>(c, ldc, a, lda, pb, ldb, m, k, n)
+    } else {
+        nt_acc512::<false>(c, ldc, a, lda, pb, ldb, m, k, n)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+unsafe fn nt_acc512<const F16: bool>(
+    c: &mut [f32],
+    ldc: usize,
+    a: &[f32],
+    lda: usize,
+    pb: *const u8,
+    ldb: usize,
+    m: usize,
+    k: usize,
+    n: usize,
+) {
+    // B in panels of NB rows, each pulled from memory once and re-read from L2 by every
+    // 8-row tile of A (a long B, e.g. a 32K-row attention cache, would otherwise be streamed
+    // once per tile).
+    const NB: usize = 128;
+    let mut p0 = 0;
+    while p0 < n {
+        let nb = NB.min(n - p0);
+        nt_panel512::<F16>(&mut c[p0..], ldc, a, lda, pb.add(p0 * ldb * if F16 { 2 } else { 4 }), ldb, m, k, nb);
+        p0 += nb;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+unsafe fn nt_panel512<const F16: bool>(
+    c: &mut [f32],
+    ldc: usize,
+    a: &[f32],
+    lda: usize,
+    pb: *const u8,
+    ldb: usize,
+    m: usize,
+    k: usize,
+    n: usize,
+) {
+    let (pc, pa) = (c.as_mut_ptr(), a.as_ptr());
+    let mut i0 = 0;
+    while i0 < m {
+        let rows = (m - i0).min(8);
+        let mut j0 = 0;
+        while j0 < n {
+            let cols = (n - j0).min(2);
+            macro_rules! tile {
+                ($r:literal, $c:literal) => {{
+                    let mut acc = [[_mm512_setzero_ps(); $c]; $r];
+                    let mut kk = 0;
+                    while kk < k {
+                        let left = (k - kk).min(16);
+                        let mk: __mmask16 = ((1u32 << left) - 1) as u16;
+                        let bv: [__m512; $c] =
+                            std::array::from_fn(|q| crate::simd::x86::load_b::<F16>(pb, (j0 + q) * ldb + kk, mk));
+                        for r in 0..$r {
+                            let av = _mm512_maskz_loadu_ps(mk, pa.add((i0 + r) * lda + kk));
+                            for q in 0..$c {
+                                acc[r][q] = _mm512_fmadd_ps(av, bv[q], acc[r][q]);
+                            }
+                        }
+                        kk += 16;
+                    }
+                    for r in 0..$r {
+                        for q in 0..$c {
+                            *pc.add((i0 + r) * ldc + j0 + q) += _mm512_reduce_add_ps(acc[r][q]);
+                        }
+                    }
+                }};
+            }
+            match (rows, cols) {
+                (8, 2) => tile!(8, 2),
+                (8, _) => tile!(8, 1),
+                (4..=7, 2) => tile!(4, 2),
+                (4..=7, _) => tile!(4, 1),
+                (3, 2) => tile!(3, 2),
+                (3, _) => tile!(3, 1),
+                (2, 2) => tile!(2, 2),
+                (2, _) => tile!(2, 1),
+                (_, 2) => tile!(1, 2),
+                _ => tile!(1, 1),
+            }
+            j0 += cols;
+        }
+        // Tiles of 2 and 3 rows: a decode step's G query heads per KV head (SmolLM2: 3)
+        // share each key's load and f16 widening.
+        i0 += match rows {
+            8 => 8,
+            4..=7 => 4,
+            r => r,
+        };
+    }
 }
 
 #[cfg(all(test, target_arch = "x86_64"))]
