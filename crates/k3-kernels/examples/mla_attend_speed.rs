@@ -1,9 +1,11 @@
 //! Absorbed MLA attention for one decode token at the 370M bench shape (8 heads, kv_lora 256,
 //! rope 64): the per-head reference loop (`mla_attend`) against the block form the engine runs
 //! (`mla_attend_block`) over an f32 cache and over an f16 one (the engine's default), at several
-//! cache lengths, all timed in the same run (median of 7).
+//! cache lengths, all timed in the same run (median of 7). With `cold`, 64 MB are streamed
+//! through the caches before each timed call, as a decode step's weights do in the engine, so the
+//! attention cache comes from memory rather than from L2/L3.
 //!
-//!   cargo run --release -p k3-kernels --example mla_attend_speed [THREADS]
+//!   cargo run --release -p k3-kernels --example mla_attend_speed [THREADS] [cold]
 use k3_kernels::attention::{mla_attend, mla_attend_block, Rows};
 use std::time::Instant;
 
@@ -14,6 +16,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn main() {
     let threads: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(1);
+    let cold = std::env::args().nth(2).is_some_and(|a| a == "cold");
+    let mut flush = vec![0u8; if cold { 64 << 20 } else { 0 }];
     let (h, r, dr) = (8, 256, 64);
     let mut rng = k3_kernels::testing::Rng::new(5);
     for s in [512, 4096, 32768] {
@@ -28,7 +32,10 @@ fn main() {
         let mut time = |f: &mut dyn FnMut(&mut [f32])| {
             median(
                 (0..7)
-                    .map(|_| {
+                    .map(|i| {
+                        // A different byte each time, so the writes are not elided.
+                        flush.iter_mut().step_by(64).for_each(|b| *b = b.wrapping_add(i as u8 + 1));
+                        std::hint::black_box(&mut flush);
                         let t0 = Instant::now();
                         f(&mut out);
                         t0.elapsed().as_secs_f64() * 1e3

@@ -82,7 +82,8 @@ pub fn mla_attend(
 /// product, the causal softmax per row, then the probabilities times the latent rows, so the
 /// cache is streamed from memory about once per thread, in L2-sized panels, instead of twice per
 /// head per query. An f16 cache is widened as the kernels load it. A decode step against a long cache
-/// splits the positions over the threads instead ([`decode_split`]).
+/// splits the positions over the threads instead and makes one pass over each share
+/// ([`decode_split`]), also on one thread.
 /// The same arithmetic as [`mla_attend_ref`] per row, up to the order of the sums.
 ///
 /// # Shapes
@@ -112,7 +113,7 @@ pub fn mla_attend_block(
     }
     let threads = if s * rows * w < 1 << 15 { 1 } else { threads.max(1) };
     let lat = Latent { cache, r, dr };
-    if threads > 1 && nq == 1 && s >= split::SPLIT_MIN {
+    if nq == 1 && s >= split::SPLIT_MIN {
         return decode_split(out, &qv, lat, s, scale, f16_kq, threads);
     }
     // One group of rows per thread: the products block the cache in L2-sized panels, so a
@@ -167,42 +168,26 @@ impl Latent<'_> {
 }
 
 /// One decode step (every row sees all `s` positions) with the positions split over the threads,
-/// as flash-decoding does, so each thread streams only its share of the cache. Pass 1 per share:
-/// the scores, then e^(score − share max) and their sum. The shares' maxima and sums give each
-/// row's softmax, so pass 2 scales a share's exponentials into the same probabilities as the
-/// unsplit path (rounded to f16 with `f16_kq` after normalising, as there) and multiplies them by
-/// the share's latent rows; the shares' outputs are summed.
+/// as flash-decoding does, so each thread streams only its share of the cache, and only once:
+/// each share makes a single pass in L2-sized tiles ([`split::online_share`]); the shares'
+/// maxima and sums give each row's softmax, and their outputs are summed with those weights.
 fn decode_split(out: &mut [f32], qv: &[f32], lat: Latent, s: usize, scale: f32, f16_kq: bool, threads: usize) {
     let (r, w) = (lat.r, lat.r + lat.dr);
     let rows = qv.len() / w;
-    let per = s.div_ceil(threads);
-    let shares = s.div_ceil(per);
-    let span = |k: usize| k * per..((k + 1) * per).min(s);
-    // Share k's exponentials: [rows, |share k|] at rows·k·per.
-    let mut ex = vec![0f32; rows * s];
+    let (per, shares) = split::shares_of(s, threads);
     let (mut maxes, mut sums) = (vec![0f32; shares * rows], vec![0f32; shares * rows]);
-    let (e, mx, sm) = (OutPtr(ex.as_mut_ptr()), OutPtr(maxes.as_mut_ptr()), OutPtr(sums.as_mut_ptr()));
+    let mut partial = vec![0f32; shares * rows * r];
+    let (mx, sm, po) = (OutPtr(maxes.as_mut_ptr()), OutPtr(sums.as_mut_ptr()), OutPtr(partial.as_mut_ptr()));
     crate::threads::Pool::global().run(threads, shares, &|k| {
-        let js = span(k);
-        let n = js.len();
-        // SAFETY: share k alone writes its block of `ex` and its rows of `maxes` / `sums`.
-        let (block, mk, sk) =
-            unsafe { (e.slice(rows * k * per, rows * n), mx.slice(k * rows, rows), sm.slice(k * rows, rows)) };
-        lat.scores(block, n, qv, js); // `ex` starts zeroed
-        split::share_exponentials(block, n, scale, mk, sk);
+        let scores = |block: &mut [f32], js: std::ops::Range<usize>| lat.scores(block, js.len(), qv, js);
+        let values = |acc: &mut [f32], p: &[f32], js: std::ops::Range<usize>| lat.values(acc, p, js.len(), js);
+        // SAFETY: share k alone writes its rows of `maxes`, `sums` and `partial`.
+        let (mk, sk, ok) =
+            unsafe { (mx.slice(k * rows, rows), sm.slice(k * rows, rows), po.slice(k * rows * r, rows * r)) };
+        split::online_share(k * per..((k + 1) * per).min(s), scale, f16_kq, &scores, &values, ok, mk, sk);
     });
     let factor = split::share_factors(&maxes, &sums, shares, rows);
-    let mut partial = vec![0f32; shares * rows * r];
-    let (e, po) = (OutPtr(ex.as_mut_ptr()), OutPtr(partial.as_mut_ptr()));
-    crate::threads::Pool::global().run(threads, shares, &|k| {
-        let js = span(k);
-        let n = js.len();
-        // SAFETY: share k alone reads and writes its block of `ex` and its slice of `partial`.
-        let (block, ok) = unsafe { (e.slice(rows * k * per, rows * n), po.slice(k * rows * r, rows * r)) };
-        split::share_probabilities(block, n, &factor[k * rows..(k + 1) * rows], f16_kq);
-        lat.values(ok, block, n, js);
-    });
-    split::sum_shares(out, &partial, shares, rows, r);
+    split::sum_shares(out, &partial, &factor, shares, rows, r);
 }
 
 #[cfg(test)]

@@ -72,7 +72,7 @@ pub(crate) fn causal_probabilities(row: &mut [f32], vis: usize, scale: f32, f16_
 }
 
 /// [`gqa_attend_ref`] in blocks (see [`attend_blocked`]), a one-token step over 1,024+ positions
-/// with the positions split over the threads (`split::gqa_decode_split`); under reference arithmetic
+/// with the positions split over the threads, one pass over each share (`split::gqa_decode_split`); under reference arithmetic
 /// ([`crate::ops::set_reference_arithmetic`]), one (query, head) pair at a time in the reference's
 /// summation order.
 #[allow(clippy::too_many_arguments)]
@@ -94,7 +94,7 @@ pub fn gqa_attend(
         return gqa_attend_pairs(out, q, &kc.to_f32(), &vc.to_f32(), hq, hkv, d, past, f16_kq, threads);
     }
     let heads = Heads { hq, hkv, dk: d, dv: d };
-    if q.len() == hq * d && threads > 1 && past + 1 >= split::SPLIT_MIN {
+    if q.len() == hq * d && past + 1 >= split::SPLIT_MIN {
         return split::gqa_decode_split(out, q, kc, vc, heads, past + 1, f16_kq, threads);
     }
     attend_blocked(out, q, Keys::Rows(kc), vc, heads, past, f16_kq, threads)

@@ -1,6 +1,8 @@
 //! One query token against a long cache with its positions split over the threads, as
-//! flash-decoding does: the steps every split shares (a share's exponentials and their sums, the
-//! factors that turn them into the unsplit softmax, the sum of the shares' outputs), used by
+//! flash-decoding does, each share in one pass over its positions (online softmax, tiles that
+//! stay in L2 between scores and values): the steps every split shares (a share's pass, the
+//! factors that turn the shares' sums into the unsplit softmax, the weighted sum of the shares'
+//! outputs), used by
 //! MLA's latent cache ([`super::mla`]) and here by GQA's (with few KV heads, SmolLM2's 3, one
 //! task per head left a thread idle, and each task streamed its head's whole cache).
 //!
@@ -8,16 +10,68 @@
 //! against the one latent cache), one per KV head for GQA.
 
 use super::{Heads, OutPtr, Rows};
+use std::ops::Range;
 
 /// Fewest visible positions at which a one-token step splits them over the threads.
 pub(crate) const SPLIT_MIN: usize = 1024;
 
-/// Pass 1's end for one share: each row of scores (`block` [rows, n]) becomes
-/// e^(scale·x − m) in place, with m = scale·max and the exponentials' sum per row.
-pub(super) fn share_exponentials(block: &mut [f32], n: usize, scale: f32, maxes: &mut [f32], sums: &mut [f32]) {
-    for (i, row) in block.chunks_exact_mut(n).enumerate() {
-        maxes[i] = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) * scale;
-        sums[i] = crate::ops::exp_shifted_sum(row, scale, maxes[i]);
+/// Positions per tile of a share's single pass: a tile's cache rows (at MLA's bench shape 256 ×
+/// 640 bytes in f16, 160 KB) stay in L2 between its scores and its values, so the share streams
+/// from memory once.
+pub(crate) const TILE: usize = 256;
+
+/// A share's scores against a tile of positions: adds `rows` rows of scores for the positions
+/// into a zeroed [rows, |positions|] block.
+pub(super) type ScoresFn<'a> = dyn Fn(&mut [f32], Range<usize>) + 'a;
+/// A share's values for a tile: `acc [rows, w] += p [rows, n] · V[positions]`, n = |positions|
+/// (the row stride of p).
+pub(super) type ValuesFn<'a> = dyn Fn(&mut [f32], &[f32], Range<usize>) + 'a;
+
+/// One share's single pass over its positions `js`, in tiles of [`TILE`] positions (online
+/// softmax, as flash-decoding does): a tile's scores, each row's running maximum m grown to
+/// the tile's, the running sum of e^(scale·x − m) and the outputs `acc` ([rows, w]) rescaled by
+/// e^(m_old − m_new) when it grows, then the tile's exponentials times its values. The share
+/// ends with `acc` = Σ_j e^(scale·x_j − m)·v_j, its `maxes` m and its `sums`, which
+/// [`share_factors`] turns into the unsplit softmax. With `f16_kq` the exponentials are rounded
+/// to f16 before the values product, as llama.cpp rounds its probabilities against an f16 cache
+/// (there after normalising; the same relative rounding).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn online_share(
+    js: Range<usize>,
+    scale: f32,
+    f16_kq: bool,
+    scores: &ScoresFn,
+    values: &ValuesFn,
+    acc: &mut [f32],
+    maxes: &mut [f32],
+    sums: &mut [f32],
+) {
+    let rows = maxes.len();
+    let w = acc.len() / rows;
+    maxes.fill(f32::NEG_INFINITY);
+    sums.fill(0.0);
+    acc.fill(0.0);
+    let mut block = vec![0f32; rows * TILE.min(js.len())];
+    for t0 in js.clone().step_by(TILE) {
+        let tile = t0..(t0 + TILE).min(js.end);
+        let n = tile.len();
+        let block = &mut block[..rows * n];
+        block.fill(0.0);
+        scores(block, tile.clone());
+        for (i, row) in block.chunks_exact_mut(n).enumerate() {
+            let m = maxes[i].max(row.iter().copied().fold(f32::NEG_INFINITY, f32::max) * scale);
+            if maxes[i] != m && maxes[i] != f32::NEG_INFINITY {
+                let grow = crate::ops::exp_fast(maxes[i] - m);
+                sums[i] *= grow;
+                acc[i * w..(i + 1) * w].iter_mut().for_each(|a| *a *= grow);
+            }
+            maxes[i] = m;
+            sums[i] += crate::ops::exp_shifted_sum(row, scale, m);
+            if f16_kq {
+                crate::simd::round_f16_inplace(row);
+            }
+        }
+        values(acc, block, tile);
     }
 }
 
@@ -41,35 +95,30 @@ pub(super) fn share_factors(maxes: &[f32], sums: &[f32], shares: usize, rows: us
     factor
 }
 
-/// Pass 2's start for one share: its exponentials ([rows, n]) scaled by the rows' `factors`
-/// into probabilities, rounded to f16 after normalising with `f16_kq` (as the unsplit path).
-pub(super) fn share_probabilities(block: &mut [f32], n: usize, factors: &[f32], f16_kq: bool) {
-    for (row, &f) in block.chunks_exact_mut(n).zip(factors) {
-        row.iter_mut().for_each(|p| *p *= f);
-        if f16_kq {
-            crate::simd::round_f16_inplace(row);
+/// out [group, row, w] = Σ_k factor [group, share k, row] · partial [group, share k, row, w].
+pub(super) fn sum_shares(out: &mut [f32], partial: &[f32], factor: &[f32], shares: usize, rows: usize, w: usize) {
+    for grp in 0..partial.len() / (shares * rows * w) {
+        for i in 0..rows {
+            let dst = &mut out[(grp * rows + i) * w..(grp * rows + i + 1) * w];
+            dst.fill(0.0);
+            for k in 0..shares {
+                let at = (grp * shares + k) * rows + i;
+                crate::ops::axpy(dst, factor[at], &partial[at * w..(at + 1) * w]);
+            }
         }
     }
 }
 
-/// out [group, row, w] = Σ_k partial [group, share k, row, w].
-pub(super) fn sum_shares(out: &mut [f32], partial: &[f32], shares: usize, rows: usize, w: usize) {
-    for grp in 0..partial.len() / (shares * rows * w) {
-        let dst = &mut out[grp * rows * w..(grp + 1) * rows * w];
-        let at = |k: usize| (grp * shares + k) * rows * w;
-        dst.copy_from_slice(&partial[at(0)..at(0) + rows * w]);
-        for k in 1..shares {
-            crate::ops::axpy(dst, 1.0, &partial[at(k)..at(k) + rows * w]);
-        }
-    }
+/// The shares of `s` positions over `threads`: (positions per share, shares).
+pub(super) fn shares_of(s: usize, threads: usize) -> (usize, usize) {
+    let per = s.div_ceil(threads.max(1));
+    (per, s.div_ceil(per))
 }
 
 /// q: [Hq, dk] (one token), attending to the first `s` rows of kc [·, Hkv, dk] and vc
-/// [·, Hkv, dv]; out: [Hq, dv]. Pass 1 per (KV head, share of positions): the G query heads'
-/// scores, e^(score − share max) and their sums. The shares' maxima and sums give every row's
-/// softmax, so pass 2 scales a share's exponentials into the probabilities the unsplit path
-/// computes (rounded to f16 with `f16_kq` after normalising, as there) and multiplies them by
-/// the share's values; the shares' outputs are summed.
+/// [·, Hkv, dv]; out: [Hq, dv]. One task per (KV head, share of positions): the G query heads'
+/// single pass over the share ([`online_share`]); the shares' maxima and sums give every row's
+/// softmax, and their outputs are summed with those weights.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gqa_decode_split(
     out: &mut [f32],
@@ -84,52 +133,93 @@ pub(crate) fn gqa_decode_split(
     let Heads { hq, hkv, dk, dv } = heads;
     let g = hq / hkv;
     let scale = 1.0 / (dk as f32).sqrt();
-    let per = s.div_ceil(threads.max(1));
-    let shares = s.div_ceil(per);
-    let span = |k: usize| k * per..((k + 1) * per).min(s);
+    let (per, shares) = shares_of(s, threads);
     let mut a = q[..hq * dk].to_vec();
     if f16_kq {
         crate::simd::round_f16_inplace(&mut a);
     }
-    // Per KV head a [G, S] block of exponentials, share k's [G, |share|] at G·k·per within it.
-    let mut ex = vec![0f32; hkv * g * s];
     let stats = hkv * shares * g; // (KV head, share, row)
-    let (mut maxes, mut sums) = (vec![0f32; stats], vec![0f32; stats]);
-    let (e, mx, sm) = (OutPtr(ex.as_mut_ptr()), OutPtr(maxes.as_mut_ptr()), OutPtr(sums.as_mut_ptr()));
-    // Task i: KV head kvh, share k: its positions, its block of `ex` and its first stats row.
-    let task_of = |i: usize| {
-        let (kvh, k) = (i / shares, i % shares);
-        let js = span(k);
-        let at = (kvh * s + k * per) * g..(kvh * s + k * per) * g + g * js.len();
-        (kvh, js, at, (kvh * shares + k) * g)
-    };
+    let (mut maxes, mut sums, mut partial) = (vec![0f32; stats], vec![0f32; stats], vec![0f32; stats * dv]);
+    let (mx, sm, po) = (OutPtr(maxes.as_mut_ptr()), OutPtr(sums.as_mut_ptr()), OutPtr(partial.as_mut_ptr()));
     crate::threads::Pool::global().run(threads, hkv * shares, &|task| {
-        let (kvh, js, at, st) = task_of(task);
-        let n = js.len();
-        // SAFETY: task (kvh, k) alone writes its block of `ex` and its rows of `maxes` / `sums`.
-        let (block, mk, sk) = unsafe { (e.slice(at.start, at.len()), mx.slice(st, g), sm.slice(st, g)) };
+        let (kvh, k) = (task / shares, task % shares);
+        let st = (kvh * shares + k) * g; // this task's first stats row
         let rows = &a[kvh * g * dk..(kvh + 1) * g * dk];
-        let first = (js.start * hkv + kvh) * dk;
-        match kc {
-            Rows::F32(c) => crate::simd::matmul_nt_acc(block, n, rows, dk, &c[first..], hkv * dk, g, dk, n),
-            Rows::F16(c) => crate::simd::matmul_nt_acc(block, n, rows, dk, &c[first..], hkv * dk, g, dk, n),
-        }
-        share_exponentials(block, n, scale, mk, sk);
+        let scores = |block: &mut [f32], js: Range<usize>| {
+            let (n, first) = (js.len(), (js.start * hkv + kvh) * dk);
+            match kc {
+                Rows::F32(c) => crate::simd::matmul_nt_acc(block, n, rows, dk, &c[first..], hkv * dk, g, dk, n),
+                Rows::F16(c) => crate::simd::matmul_nt_acc(block, n, rows, dk, &c[first..], hkv * dk, g, dk, n),
+            }
+        };
+        let values = |acc: &mut [f32], p: &[f32], js: Range<usize>| {
+            let (n, first) = (js.len(), (js.start * hkv + kvh) * dv);
+            match vc {
+                Rows::F32(c) => crate::simd::matmul_acc_strided(acc, dv, p, n, &c[first..], hkv * dv, g, n, dv),
+                Rows::F16(c) => crate::simd::matmul_acc_strided(acc, dv, p, n, &c[first..], hkv * dv, g, n, dv),
+            }
+        };
+        // SAFETY: task (kvh, k) alone writes its rows of `maxes`, `sums` and `partial`.
+        let (mk, sk, ok) = unsafe { (mx.slice(st, g), sm.slice(st, g), po.slice(st * dv, g * dv)) };
+        online_share(k * per..((k + 1) * per).min(s), scale, f16_kq, &scores, &values, ok, mk, sk);
     });
     let factor = share_factors(&maxes, &sums, shares, g);
-    let mut partial = vec![0f32; stats * dv];
-    let (e, po) = (OutPtr(ex.as_mut_ptr()), OutPtr(partial.as_mut_ptr()));
-    crate::threads::Pool::global().run(threads, hkv * shares, &|task| {
-        let (kvh, js, at, st) = task_of(task);
-        let n = js.len();
-        // SAFETY: task (kvh, k) alone reads and writes its block of `ex` and its rows of `partial`.
-        let (block, ok) = unsafe { (e.slice(at.start, at.len()), po.slice(st * dv, g * dv)) };
-        share_probabilities(block, n, &factor[st..st + g], f16_kq);
-        let first = (js.start * hkv + kvh) * dv;
-        match vc {
-            Rows::F32(c) => crate::simd::matmul_acc_strided(ok, dv, block, n, &c[first..], hkv * dv, g, n, dv),
-            Rows::F16(c) => crate::simd::matmul_acc_strided(ok, dv, block, n, &c[first..], hkv * dv, g, n, dv),
+    sum_shares(out, &partial, &factor, shares, g, dv);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{assert_close_abs, Rng};
+
+    /// Three shares of one pass each against the plain softmax, on scores whose maximum grows
+    /// tile after tile (row 0: every tile's rescaling is taken), shrinks (row 1: none is) and
+    /// wanders (row 2), with and without the f16 rounding of the exponentials.
+    #[test]
+    fn shares_of_one_pass_make_the_plain_softmax() {
+        let (rows, s, w, scale) = (3, 1700, 5, 0.5);
+        let mut rng = Rng::new(7);
+        let noise = rng.normals(s, 1.0);
+        let x: Vec<f32> = (0..rows * s)
+            .map(|i| {
+                let (row, j) = (i / s, (i % s) as f32);
+                [j * 0.01, -j * 0.01, 3.0 * noise[i % s]][row]
+            })
+            .collect();
+        let v = rng.normals(s * w, 1.0);
+        let mut want = vec![0f32; rows * w];
+        for (i, o) in want.chunks_exact_mut(w).enumerate() {
+            let mut p: Vec<f32> = x[i * s..(i + 1) * s].iter().map(|&xj| xj * scale).collect();
+            crate::ops::softmax_inplace(&mut p);
+            for (j, &pj) in p.iter().enumerate() {
+                crate::ops::axpy(o, pj, &v[j * w..(j + 1) * w]);
+            }
         }
-    });
-    sum_shares(out, &partial, shares, g, dv);
+        let scores = |block: &mut [f32], js: Range<usize>| {
+            for (i, row) in block.chunks_exact_mut(js.len()).enumerate() {
+                for (b, j) in row.iter_mut().zip(js.clone()) {
+                    *b += x[i * s + j];
+                }
+            }
+        };
+        let values = |acc: &mut [f32], p: &[f32], js: Range<usize>| {
+            let n = js.len();
+            crate::ops::matmul_acc_ref(acc, w, p, n, &v[js.start * w..], w, rows, n, w);
+        };
+        for f16_kq in [false, true] {
+            let (per, shares) = shares_of(s, 3);
+            let (mut maxes, mut sums) = (vec![0f32; shares * rows], vec![0f32; shares * rows]);
+            let mut partial = vec![0f32; shares * rows * w];
+            for k in 0..shares {
+                let (mk, sk) = (&mut maxes[k * rows..(k + 1) * rows], &mut sums[k * rows..(k + 1) * rows]);
+                let ok = &mut partial[k * rows * w..(k + 1) * rows * w];
+                online_share(k * per..((k + 1) * per).min(s), scale, f16_kq, &scores, &values, ok, mk, sk);
+            }
+            let factor = share_factors(&maxes, &sums, shares, rows);
+            let mut got = vec![0f32; rows * w];
+            sum_shares(&mut got, &partial, &factor, shares, rows, w);
+            let tol = if f16_kq { 2e-3 } else { 1e-5 };
+            assert_close_abs(&format!("one pass, f16_kq {f16_kq}"), &got, &want, tol);
+        }
+    }
 }
