@@ -148,19 +148,24 @@ pub enum Layout {
     /// Scales [rows, nbp]. The VNNI, AMX and AVX2 kernels' layout.
     RowPairs,
     /// 16 rows interleaved in 4-code groups per block ([`rows16`]; Q4 at a nibble a code, Q8 at a
-    /// byte), scales [rows/16, nbp, 16]; rows padded to a multiple of 16. The
-    /// AVX-512-without-VNNI kernels'.
+    /// byte), scales [rows/16, nbp, 16]; rows padded to a multiple of 16. The AVX-512 kernels'
+    /// (with VNNI and without) on CPUs without AMX.
     Rows16,
 }
 
 impl Layout {
-    /// The layout the fastest kernels on this CPU ([`Isa::best`]) read, for every kind.
+    /// The layout the fastest kernels on this CPU ([`Isa::best`]) read, for every kind: 16-row
+    /// groups for AVX-512 (VNNI or not), row pairs for AMX (its prefill tiles read them) and AVX2.
+    /// `K3MINI_LAYOUT=rowpairs|rows16` overrides it where the CPU has a kernel for that layout
+    /// (row pairs: always; 16-row groups: AVX-512 or the scalar loops), to compare the two.
     pub fn best() -> Layout {
-        if Isa::best() == Isa::Avx512 {
-            Layout::Rows16
-        } else {
-            Layout::RowPairs
-        }
+        static BEST: OnceLock<Layout> = OnceLock::new();
+        *BEST.get_or_init(|| match std::env::var("K3MINI_LAYOUT").ok().as_deref() {
+            Some("rowpairs") => Layout::RowPairs,
+            Some("rows16") => Layout::Rows16,
+            _ if matches!(Isa::best(), Isa::Avx512 | Isa::Avx512Vnni) => Layout::Rows16,
+            _ => Layout::RowPairs,
+        })
     }
 }
 
@@ -465,6 +470,11 @@ pub unsafe fn gemm_rows_out(isa: Isa, w: &Packed, a: &QActs, lo: usize, hi: usiz
         w.row_align()
     );
     if w.layout == Layout::Rows16 {
+        #[cfg(target_arch = "x86_64")]
+        if isa >= Isa::Avx512Vnni && Isa::Avx512Vnni.supported() {
+            // SAFETY: AVX-512 F/BW/VL + VNNI + FMA + F16C (checked just above); `out` as the caller promises.
+            return unsafe { rows16::gemm_avx512vnni(w, a, lo, hi, out) };
+        }
         #[cfg(target_arch = "x86_64")]
         if isa >= Isa::Avx512 && Isa::Avx512.supported() {
             // SAFETY: AVX-512 F/BW/VL + FMA + F16C (checked just above); `out` as the caller promises.

@@ -1,5 +1,5 @@
-//! The 16-row interleaved layout of Q4 and Q8_0 weights ([`Layout::Rows16`]) and its AVX-512 kernels for
-//! CPUs without VNNI.
+//! The 16-row interleaved layout of Q4 and Q8_0 weights ([`Layout::Rows16`]) and its AVX-512
+//! kernels, with VNNI (vpdpbusd) and without (vpmaddubsw / vpmaddwd).
 //!
 //! Per group of 16 rows and block of 32 codes, 256 bytes: byte `j·64 + r·4 + e` (j < 4, r < 16,
 //! e < 4) holds code `4j + e` of row r in its low nibble and code `16 + 4j + e` in its high one.
@@ -10,12 +10,15 @@
 //! group products of a block are summed in 16-bit lanes (|Σ| ≤ 8·2·15·127 = 30,480, no
 //! saturation) and converted and scaled once per block for 16 rows, about a third of the row-pair
 //! tile's instructions per weight. A group's blocks are contiguous, so decode streams each band
-//! of rows as one sequential read. Scales are [rows/16, nbp, 16].
+//! of rows as one sequential read. Scales are [rows/16, nbp, 16]. With VNNI, one vpdpbusd takes
+//! the place of vpmaddubsw and the 16-bit add, summing straight into 32-bit lanes (two
+//! accumulators per token, so the vpdpbusd chain is half as long), and the per-block vpmaddwd goes.
 //!
 //! Q8_0 in the same arrangement at a byte a code, 512 bytes per group and block: byte
 //! `j·64 + r·4 + e` (j < 8) holds code `4j + e` of row r (stored as code + 128, as in the row-pair
 //! layout). The kernel flips it back to signed and takes each 4-term product by the sign trick
-//! (|w| · x·sign(w): vpmaddubsw's pairs stay ≤ 2·128·127), widened to 32 bits per group.
+//! (|w| · x·sign(w): vpmaddubsw's pairs stay ≤ 2·128·127), widened to 32 bits per group; with
+//! VNNI, vpdpbusd takes the unsigned code + 128 as it is and the block's `128·s` comes off after.
 //! Dims: nbp blocks per row (even), R = 16 rows per group, C tokens per tile.
 
 use super::{Kind, Layout, OutMat, Packed, QActs, BLOCK};
@@ -97,30 +100,46 @@ const PF_BYTES: usize = 8 * GROUP_BLOCK;
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
 pub unsafe fn gemm_avx512bw(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat) {
+    gemm::<false>(w, a, lo, hi, out)
+}
+
+/// [`gemm_avx512bw`] with vpdpbusd.
+///
+/// # Safety
+/// As [`gemm_avx512bw`], and the CPU must support AVX-512 VNNI.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+pub unsafe fn gemm_avx512vnni(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat) {
+    gemm::<true>(w, a, lo, hi, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn gemm<const VNNI: bool>(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat) {
     debug_assert!(w.layout == Layout::Rows16 && (lo.is_multiple_of(ROWS) || lo >= hi));
     super::tiles(lo, hi, a.t, ROWS, 8, |r0, valid, t0, c| {
         let args = (w, a, r0, t0, valid, r0 - lo, out);
         if w.kind == Kind::Q8_0 {
             return match c {
-                8 => x86::tile_q8::<8>(args),
-                7 => x86::tile_q8::<7>(args),
-                6 => x86::tile_q8::<6>(args),
-                5 => x86::tile_q8::<5>(args),
-                4 => x86::tile_q8::<4>(args),
-                3 => x86::tile_q8::<3>(args),
-                2 => x86::tile_q8::<2>(args),
-                _ => x86::tile_q8::<1>(args),
+                8 => x86::tile_q8::<8, VNNI>(args),
+                7 => x86::tile_q8::<7, VNNI>(args),
+                6 => x86::tile_q8::<6, VNNI>(args),
+                5 => x86::tile_q8::<5, VNNI>(args),
+                4 => x86::tile_q8::<4, VNNI>(args),
+                3 => x86::tile_q8::<3, VNNI>(args),
+                2 => x86::tile_q8::<2, VNNI>(args),
+                _ => x86::tile_q8::<1, VNNI>(args),
             };
         }
         match c {
-            8 => x86::tile::<8>(args),
-            7 => x86::tile::<7>(args),
-            6 => x86::tile::<6>(args),
-            5 => x86::tile::<5>(args),
-            4 => x86::tile::<4>(args),
-            3 => x86::tile::<3>(args),
-            2 => x86::tile::<2>(args),
-            _ => x86::tile::<1>(args),
+            8 => x86::tile::<8, VNNI>(args),
+            7 => x86::tile::<7, VNNI>(args),
+            6 => x86::tile::<6, VNNI>(args),
+            5 => x86::tile::<5, VNNI>(args),
+            4 => x86::tile::<4, VNNI>(args),
+            3 => x86::tile::<3, VNNI>(args),
+            2 => x86::tile::<2, VNNI>(args),
+            _ => x86::tile::<1, VNNI>(args),
         }
     });
 }
@@ -136,9 +155,10 @@ mod x86 {
     pub(super) type TileArgs<'a> = (&'a Packed, &'a QActs, usize, usize, usize, usize, OutMat);
 
     /// 16 rows × C tokens over every block: per block, the eight 4-code group products summed in
-    /// 16-bit lanes, then `d_w·(d_x·dot − 8·s)` (Q4_0) or `d_w·d_x·dot + m·s` (Q4_1) per row lane.
+    /// 16-bit lanes (with VNNI: in two sets of 32-bit lanes), then `d_w·(d_x·dot − 8·s)` (Q4_0)
+    /// or `d_w·d_x·dot + m·s` (Q4_1) per row lane.
     #[inline(always)]
-    pub(super) unsafe fn tile<const C: usize>((w, a, r0, t0, valid, orow, out): TileArgs) {
+    pub(super) unsafe fn tile<const C: usize, const VNNI: bool>((w, a, r0, t0, valid, orow, out): TileArgs) {
         let n = w.nbp;
         let g = r0 / ROWS;
         let q = w.qs.as_ptr().add(g * n * GROUP_BLOCK);
@@ -161,7 +181,7 @@ mod x86 {
                     _mm_prefetch::<_MM_HINT_T0>(m.wrapping_add(b * ROWS + PF_BYTES / 8) as *const i8);
                 }
             }
-            let mut isum = [_mm512_setzero_si512(); C];
+            let (mut isum, mut isum2) = ([_mm512_setzero_si512(); C], [_mm512_setzero_si512(); C]);
             for j in 0..4 {
                 let v = _mm512_loadu_si512(qb.add(j * 64) as *const _);
                 let lo4 = _mm512_and_si512(v, nib); // codes 4j..4j+4 of each row
@@ -169,14 +189,23 @@ mod x86 {
                 for c in 0..C {
                     let xa = _mm512_set1_epi32((xq[c].add(b * BLOCK + 4 * j) as *const i32).read_unaligned());
                     let xb = _mm512_set1_epi32((xq[c].add(b * BLOCK + 16 + 4 * j) as *const i32).read_unaligned());
-                    isum[c] = _mm512_add_epi16(isum[c], _mm512_maddubs_epi16(lo4, xa));
-                    isum[c] = _mm512_add_epi16(isum[c], _mm512_maddubs_epi16(hi4, xb));
+                    if VNNI {
+                        isum[c] = _mm512_dpbusd_epi32(isum[c], lo4, xa);
+                        isum2[c] = _mm512_dpbusd_epi32(isum2[c], hi4, xb);
+                    } else {
+                        isum[c] = _mm512_add_epi16(isum[c], _mm512_maddubs_epi16(lo4, xa));
+                        isum[c] = _mm512_add_epi16(isum[c], _mm512_maddubs_epi16(hi4, xb));
+                    }
                 }
             }
             let wd = _mm512_cvtph_ps(_mm256_loadu_si256(d.add(b * ROWS) as *const __m256i));
             let wm = if q41 { _mm512_cvtph_ps(_mm256_loadu_si256(m.add(b * ROWS) as *const __m256i)) } else { wd };
             for c in 0..C {
-                let dot = _mm512_cvtepi32_ps(_mm512_madd_epi16(isum[c], ones));
+                let dot = if VNNI {
+                    _mm512_cvtepi32_ps(_mm512_add_epi32(isum[c], isum2[c]))
+                } else {
+                    _mm512_cvtepi32_ps(_mm512_madd_epi16(isum[c], ones))
+                };
                 let (dxb, sb) = (*dx[c].add(b), *sx[c].add(b));
                 if q41 {
                     acc[c] = _mm512_fmadd_ps(wd, _mm512_mul_ps(dot, _mm512_set1_ps(dxb)), acc[c]);
@@ -197,15 +226,17 @@ mod x86 {
     }
     /// Q8_0: 16 rows × C tokens over every block; per block eight 4-code groups, each a sign-trick
     /// vpmaddubsw widened by vpmaddwd into 32-bit lanes, then `d_w·d_x·dot` per row lane (the codes
-    /// are flipped back to signed, so no offset term).
+    /// are flipped back to signed, so no offset term). With VNNI, vpdpbusd of the stored codes
+    /// (code + 128) into two sets of 32-bit lanes, then `d_w·(d_x·dot − 128·s)`.
     #[inline(always)]
-    pub(super) unsafe fn tile_q8<const C: usize>((w, a, r0, t0, valid, orow, out): TileArgs) {
+    pub(super) unsafe fn tile_q8<const C: usize, const VNNI: bool>((w, a, r0, t0, valid, orow, out): TileArgs) {
         let n = w.nbp;
         let g = r0 / ROWS;
         let q = w.qs.as_ptr().add(g * n * GROUP_BLOCK_Q8);
         let d = w.d.as_ptr().add(g * n * ROWS);
         let xq: [*const i8; C] = std::array::from_fn(|c| a.qs.as_ptr().add((t0 + c) * n * BLOCK));
         let dx: [*const f32; C] = std::array::from_fn(|c| a.d.as_ptr().add((t0 + c) * n));
+        let sx: [*const f32; C] = std::array::from_fn(|c| a.s_for(Kind::Q8_0, t0 + c).as_ptr());
         let (flip, ones, zero) = (_mm512_set1_epi8(-128), _mm512_set1_epi16(1), _mm512_setzero_si512());
         let mut acc = [_mm512_setzero_ps(); C];
         for b in 0..n {
@@ -214,9 +245,21 @@ mod x86 {
                 _mm_prefetch::<_MM_HINT_T0>(qb.wrapping_add(PF_BYTES + line * 64) as *const i8);
             }
             _mm_prefetch::<_MM_HINT_T0>(d.wrapping_add((b + PF_BYTES / GROUP_BLOCK_Q8) * ROWS) as *const i8);
-            let mut isum = [_mm512_setzero_si512(); C];
+            let (mut isum, mut isum2) = ([_mm512_setzero_si512(); C], [_mm512_setzero_si512(); C]);
             for j in 0..8 {
-                let v = _mm512_xor_si512(_mm512_loadu_si512(qb.add(j * 64) as *const _), flip); // signed codes
+                let u = _mm512_loadu_si512(qb.add(j * 64) as *const _); // code + 128
+                if VNNI {
+                    for c in 0..C {
+                        let x = _mm512_set1_epi32((xq[c].add(b * BLOCK + 4 * j) as *const i32).read_unaligned());
+                        if j % 2 == 0 {
+                            isum[c] = _mm512_dpbusd_epi32(isum[c], u, x);
+                        } else {
+                            isum2[c] = _mm512_dpbusd_epi32(isum2[c], u, x);
+                        }
+                    }
+                    continue;
+                }
+                let v = _mm512_xor_si512(u, flip); // signed codes
                 let (neg, mag) = (_mm512_movepi8_mask(v), _mm512_abs_epi8(v));
                 for c in 0..C {
                     let x = _mm512_set1_epi32((xq[c].add(b * BLOCK + 4 * j) as *const i32).read_unaligned());
@@ -226,8 +269,14 @@ mod x86 {
             }
             let wd = _mm512_cvtph_ps(_mm256_loadu_si256(d.add(b * ROWS) as *const __m256i));
             for c in 0..C {
-                let dot = _mm512_cvtepi32_ps(isum[c]);
-                acc[c] = _mm512_fmadd_ps(wd, _mm512_mul_ps(dot, _mm512_set1_ps(*dx[c].add(b))), acc[c]);
+                let dxb = _mm512_set1_ps(*dx[c].add(b));
+                let t = if VNNI {
+                    let dot = _mm512_cvtepi32_ps(_mm512_add_epi32(isum[c], isum2[c]));
+                    _mm512_fmadd_ps(dot, dxb, _mm512_set1_ps(-128.0 * *sx[c].add(b)))
+                } else {
+                    _mm512_mul_ps(_mm512_cvtepi32_ps(isum[c]), dxb)
+                };
+                acc[c] = _mm512_fmadd_ps(wd, t, acc[c]);
             }
         }
         let mut lanes = [0f32; ROWS];
