@@ -38,6 +38,20 @@ def fresh(llm):
         llm._ctx.kv_cache_clear()
 
 
+def peak_rss_mib():
+    """This process's peak resident set since it started (VmHWM, MiB). Not ru_maxrss: Linux
+    carries that across execve, so a child forked from the benchmark would report the
+    benchmark's own peak whenever its real one is lower."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
@@ -71,7 +85,7 @@ def main():
                 llm.eval([tok])
             say({"seconds": time.perf_counter() - t0})
         elif cmd == "quit":
-            say({"peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+            say({"peak_rss_mib": peak_rss_mib()})
             return
         else:
             print(f"unknown command: {line.strip()}", file=sys.stderr)
