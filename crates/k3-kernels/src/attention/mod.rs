@@ -340,7 +340,7 @@ mod tests {
             // blocked and (reference arithmetic) per pair, at 1–3 threads, over an f32 cache and
             // an f16 one holding the same (f16-representable) values.
             let (hq, hkv, d) = (6, 2, 16);
-            // Decode steps over 1,500 and 2,600 positions take the split path at 2 and 3 threads.
+            // Decode steps over 1,500 and 2,600 positions take the split path (one share per thread).
             for (t, past) in [(1, 70), (3, 40), (37, 5), (2, 1100), (1, 1500), (1, 2600)] {
                 let q = rng.normals(t * hq * d, 1.0);
                 let f16_values = |rng: &mut Rng| {

@@ -116,9 +116,11 @@ pub(super) fn shares_of(s: usize, threads: usize) -> (usize, usize) {
 }
 
 /// q: [Hq, dk] (one token), attending to the first `s` rows of kc [·, Hkv, dk] and vc
-/// [·, Hkv, dv]; out: [Hq, dv]. One task per (KV head, share of positions): the G query heads'
-/// single pass over the share ([`online_share`]); the shares' maxima and sums give every row's
-/// softmax, and their outputs are summed with those weights.
+/// [·, Hkv, dv]; out: [Hq, dv]. One task per share of positions: every query head's single pass
+/// over the share ([`online_share`]), each tile taking the KV heads one after another, so a task
+/// reads its share's cache rows whole and in order (one task per KV head read a third of every
+/// row at a 384-byte stride at SmolLM2's shape, ~3 GB/s); the shares' maxima and sums give every
+/// row's softmax, and their outputs are summed with those weights.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gqa_decode_split(
     out: &mut [f32],
@@ -138,33 +140,39 @@ pub(crate) fn gqa_decode_split(
     if f16_kq {
         crate::simd::round_f16_inplace(&mut a);
     }
-    let stats = hkv * shares * g; // (KV head, share, row)
-    let (mut maxes, mut sums, mut partial) = (vec![0f32; stats], vec![0f32; stats], vec![0f32; stats * dv]);
+    // Rows are the query heads, KV head kvh's G of them at kvh·G.
+    let (mut maxes, mut sums, mut partial) =
+        (vec![0f32; shares * hq], vec![0f32; shares * hq], vec![0f32; shares * hq * dv]);
     let (mx, sm, po) = (OutPtr(maxes.as_mut_ptr()), OutPtr(sums.as_mut_ptr()), OutPtr(partial.as_mut_ptr()));
-    crate::threads::Pool::global().run(threads, hkv * shares, &|task| {
-        let (kvh, k) = (task / shares, task % shares);
-        let st = (kvh * shares + k) * g; // this task's first stats row
-        let rows = &a[kvh * g * dk..(kvh + 1) * g * dk];
+    crate::threads::Pool::global().run(threads, shares, &|k| {
         let scores = |block: &mut [f32], js: Range<usize>| {
-            let (n, first) = (js.len(), (js.start * hkv + kvh) * dk);
-            match kc {
-                Rows::F32(c) => crate::simd::matmul_nt_acc(block, n, rows, dk, &c[first..], hkv * dk, g, dk, n),
-                Rows::F16(c) => crate::simd::matmul_nt_acc(block, n, rows, dk, &c[first..], hkv * dk, g, dk, n),
+            let n = js.len();
+            for kvh in 0..hkv {
+                let (rows, first) = (&a[kvh * g * dk..(kvh + 1) * g * dk], (js.start * hkv + kvh) * dk);
+                let b = &mut block[kvh * g * n..(kvh + 1) * g * n];
+                match kc {
+                    Rows::F32(c) => crate::simd::matmul_nt_acc(b, n, rows, dk, &c[first..], hkv * dk, g, dk, n),
+                    Rows::F16(c) => crate::simd::matmul_nt_acc(b, n, rows, dk, &c[first..], hkv * dk, g, dk, n),
+                }
             }
         };
         let values = |acc: &mut [f32], p: &[f32], js: Range<usize>| {
-            let (n, first) = (js.len(), (js.start * hkv + kvh) * dv);
-            match vc {
-                Rows::F32(c) => crate::simd::matmul_acc_strided(acc, dv, p, n, &c[first..], hkv * dv, g, n, dv),
-                Rows::F16(c) => crate::simd::matmul_acc_strided(acc, dv, p, n, &c[first..], hkv * dv, g, n, dv),
+            let n = js.len();
+            for kvh in 0..hkv {
+                let (o, pk, first) =
+                    (&mut acc[kvh * g * dv..(kvh + 1) * g * dv], &p[kvh * g * n..], (js.start * hkv + kvh) * dv);
+                match vc {
+                    Rows::F32(c) => crate::simd::matmul_acc_strided(o, dv, pk, n, &c[first..], hkv * dv, g, n, dv),
+                    Rows::F16(c) => crate::simd::matmul_acc_strided(o, dv, pk, n, &c[first..], hkv * dv, g, n, dv),
+                }
             }
         };
-        // SAFETY: task (kvh, k) alone writes its rows of `maxes`, `sums` and `partial`.
-        let (mk, sk, ok) = unsafe { (mx.slice(st, g), sm.slice(st, g), po.slice(st * dv, g * dv)) };
+        // SAFETY: share k alone writes its rows of `maxes`, `sums` and `partial`.
+        let (mk, sk, ok) = unsafe { (mx.slice(k * hq, hq), sm.slice(k * hq, hq), po.slice(k * hq * dv, hq * dv)) };
         online_share(k * per..((k + 1) * per).min(s), scale, f16_kq, &scores, &values, ok, mk, sk);
     });
-    let factor = share_factors(&maxes, &sums, shares, g);
-    sum_shares(out, &partial, &factor, shares, g, dv);
+    let factor = share_factors(&maxes, &sums, shares, hq);
+    sum_shares(out, &partial, &factor, shares, hq, dv);
 }
 
 #[cfg(test)]
