@@ -4,9 +4,9 @@ runs), through llama-cpp-python as scripts/setup-llama-cpp installs it: the way 
 users actually download (Q4_K_M and friends) for a model only we can make, such as the random
 370M bench model, so that both engines can be measured on them.
 
-    llama_quantize.py IN.gguf OUT.gguf Q4_K_M [--threads N]
+    llama_quantize.py IN.gguf OUT.gguf Q4_K_M [--threads N] [--allow-requantize]
 
-IN should be F32 or F16 (llama.cpp requantizes from whatever it gets, with a warning). TYPE is
+IN should be F32 or F16; an already quantized IN needs --allow-requantize (quality suffers). TYPE is
 the part of llama.cpp's `LLAMA_FTYPE_MOSTLY_*` name after `MOSTLY_` (Q4_K_M, Q4_K_S, Q6_K, Q8_0,
 Q4_0, ...). Writes OUT through a temporary name, renamed once complete.
 Exit codes: 2 bad arguments, 3 llama_cpp not importable, 4 the quantizer failed.
@@ -29,6 +29,7 @@ def main():
     ap.add_argument("dst")
     ap.add_argument("type")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--allow-requantize", action="store_true")
     a = ap.parse_args()
     name = "LLAMA_FTYPE_MOSTLY_" + a.type.upper()
     ftype = getattr(llama_cpp, name, None)
@@ -42,6 +43,7 @@ def main():
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = ftype
     params.nthread = a.threads
+    params.allow_requantize = a.allow_requantize
     tmp = a.dst + ".partial"
     rc = llama_cpp.llama_model_quantize(a.src.encode(), tmp.encode(), ctypes.byref(params))
     if rc != 0:

@@ -9,6 +9,7 @@ pub mod k_quants;
 pub mod k_quants_simd;
 pub mod q4_0;
 pub mod q4_1;
+pub mod q5_0;
 pub mod q8_0;
 
 /// The ggml tensor types K3-Mini reads and writes. Ids are ggml's.
@@ -33,6 +34,7 @@ pub enum GgmlType {
     BF16,
     Q4_0,
     Q4_1,
+    Q5_0,
     Q8_0,
     Q8_1,
     Q4_K,
@@ -47,6 +49,7 @@ impl GgmlType {
             GgmlType::F16 => 1,
             GgmlType::Q4_0 => 2,
             GgmlType::Q4_1 => 3,
+            GgmlType::Q5_0 => 6,
             GgmlType::Q8_0 => 8,
             GgmlType::Q8_1 => 9,
             GgmlType::Q4_K => 12,
@@ -62,6 +65,7 @@ impl GgmlType {
             1 => GgmlType::F16,
             2 => GgmlType::Q4_0,
             3 => GgmlType::Q4_1,
+            6 => GgmlType::Q5_0,
             8 => GgmlType::Q8_0,
             9 => GgmlType::Q8_1,
             12 => GgmlType::Q4_K,
@@ -116,6 +120,7 @@ impl GgmlType {
             GgmlType::F16 | GgmlType::BF16 => 2,
             GgmlType::Q4_0 => 18,
             GgmlType::Q4_1 => 20,
+            GgmlType::Q5_0 => q5_0::BYTES,
             GgmlType::Q8_0 => 34,
             GgmlType::Q8_1 => 36,
             GgmlType::Q4_K => k_quants::Q4K_BYTES,
@@ -141,6 +146,7 @@ impl GgmlType {
             GgmlType::BF16 => float::f32_to_bf16_bytes(x),
             GgmlType::Q4_0 => q4_0::quantize_ref(x),
             GgmlType::Q4_1 => q4_1::quantize_ref(x),
+            GgmlType::Q5_0 => q5_0::quantize_ref(x),
             GgmlType::Q8_0 => q8_0::quantize_ref(x),
             GgmlType::Q8_1 => q8_0::quantize_q8_1_ref(x),
             GgmlType::Q4_K => k_quants::quantize_q4_k(x),
@@ -161,6 +167,7 @@ impl GgmlType {
             GgmlType::BF16 => float::bf16_bytes_to_f32(bytes, out),
             GgmlType::Q4_0 => q4_0::dequantize_ref(bytes, out),
             GgmlType::Q4_1 => q4_1::dequantize_ref(bytes, out),
+            GgmlType::Q5_0 => q5_0::dequantize_ref(bytes, out),
             GgmlType::Q8_0 | GgmlType::Q8_1 => q8_0::dequantize_ref(self, bytes, out),
             GgmlType::Q4_K => k_quants::dequantize_q4_k(bytes, out),
             GgmlType::Q6_K => k_quants::dequantize_q6_k(bytes, out),
@@ -202,6 +209,7 @@ mod tests {
             // ggml's data (Q4_0 measures 0.00125; candle quotes 0.001143 on its own data).
             (GgmlType::Q4_0, 0.002, 0.0015),
             (GgmlType::Q4_1, 0.002, 0.02),
+            (GgmlType::Q5_0, 0.001, 0.02),
             (GgmlType::Q8_0, 0.002, 0.02),
             (GgmlType::Q8_1, 0.002, 0.02),
             (GgmlType::F16, 0.0001, 0.0001),
@@ -232,7 +240,7 @@ mod tests {
     #[test]
     fn zero_blocks_and_f32_are_exact() {
         let z = vec![0f32; 64];
-        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0] {
             let mut back = vec![1f32; 64];
             ty.dequantize_row(&ty.quantize_row(&z), &mut back);
             assert!(back.iter().all(|&v| v == 0.0), "{}", ty.name());

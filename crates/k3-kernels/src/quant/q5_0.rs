@@ -1,0 +1,68 @@
+//! Q5_0: blocks of 32 as `f16 d; u8 qh[4]; u8 qs[16]`, value `d·(q − 16)` with q's low four bits
+//! in `qs` (elements j and j + 16 in the low and high nibble of byte j) and its fifth bit in bit j
+//! of the little-endian u32 `qh` (ggml `block_q5_0`). llama.cpp's quantizer writes it for tensors
+//! whose rows are not a multiple of 256 when asked for Q4_K (the fallback in a Q4_K_M file).
+
+use super::float::{f16_at, f16_le};
+
+pub const BLOCK: usize = 32;
+pub const BYTES: usize = 22;
+
+/// ggml `quantize_row_q5_0_ref`: d = max / −16 (max: the element of largest magnitude, with its
+/// sign), q = min(31, (i8)(x/d + 16.5)).
+pub fn quantize_ref(x: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(x.len() / BLOCK * BYTES);
+    for blk in x.chunks_exact(BLOCK) {
+        let (mut amax, mut max) = (0f32, 0f32);
+        for &v in blk {
+            if amax < v.abs() {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        let d = max / -16.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        out.extend_from_slice(&f16_le(d));
+        let mut qh = 0u32;
+        let mut qs = [0u8; BLOCK / 2];
+        for j in 0..BLOCK / 2 {
+            let q0 = ((blk[j] * id + 16.5) as i8).min(31) as u8;
+            let q1 = ((blk[BLOCK / 2 + j] * id + 16.5) as i8).min(31) as u8;
+            qs[j] = (q0 & 0x0F) | ((q1 & 0x0F) << 4);
+            qh |= (((q0 & 0x10) >> 4) as u32) << j;
+            qh |= (((q1 & 0x10) >> 4) as u32) << (j + 16);
+        }
+        out.extend_from_slice(&qh.to_le_bytes());
+        out.extend_from_slice(&qs);
+    }
+    out
+}
+
+/// Block `blk`'s 32 codes q (0..32) in element order.
+fn codes(blk: &[u8]) -> [i32; BLOCK] {
+    let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+    std::array::from_fn(|i| {
+        let (j, hi) = (i % 16, i / 16);
+        let low = if hi == 0 { blk[6 + j] & 0x0F } else { blk[6 + j] >> 4 };
+        (low as i32) | ((((qh >> i) & 1) as i32) << 4)
+    })
+}
+
+pub fn dequantize_ref(b: &[u8], out: &mut [f32]) {
+    for (blk, o) in b.chunks_exact(BYTES).zip(out.chunks_exact_mut(BLOCK)) {
+        let d = f16_at(blk);
+        for (o, q) in o.iter_mut().zip(codes(blk)) {
+            *o = (q - 16) as f32 * d;
+        }
+    }
+}
+
+/// ggml `vec_dot_q5_0_q8_0` (its generic form): Σ_blocks d_w·d_x·Σ (q − 16)·q8.
+pub fn vec_dot_q8_0(w: &[u8], x: &[u8]) -> f32 {
+    let mut sum = 0f32;
+    for (wb, xb) in w.chunks_exact(BYTES).zip(x.chunks_exact(34)) {
+        let s: i32 = codes(wb).iter().zip(&xb[2..]).map(|(&q, &a)| (q - 16) * a as i8 as i32).sum();
+        sum += s as f32 * (f16_at(wb) * f16_at(xb));
+    }
+    sum
+}
