@@ -149,13 +149,13 @@ pub enum Layout {
     RowPairs,
     /// 16 rows interleaved in 4-code groups per block ([`rows16`]; Q4 at a nibble a code, Q8 at a
     /// byte), scales [rows/16, nbp, 16]; rows padded to a multiple of 16. The AVX-512 kernels'
-    /// (with VNNI and without) on CPUs without AMX.
+    /// (with VNNI and without) and the AVX2 ones on CPUs without AMX.
     Rows16,
 }
 
 impl Layout {
     /// The layout the fastest kernels on this CPU ([`Isa::best`]) read, for every kind: 16-row
-    /// groups for AVX-512 (VNNI or not), row pairs for AMX (its prefill tiles read them) and AVX2.
+    /// groups for AVX-512 (VNNI or not) and AVX2, row pairs for AMX (its prefill tiles read them).
     /// `K3MINI_LAYOUT=rowpairs|rows16` overrides it where the CPU has a kernel for that layout
     /// (row pairs: always; 16-row groups: AVX-512 or the scalar loops), to compare the two.
     pub fn best() -> Layout {
@@ -163,7 +163,7 @@ impl Layout {
         *BEST.get_or_init(|| match std::env::var("K3MINI_LAYOUT").ok().as_deref() {
             Some("rowpairs") => Layout::RowPairs,
             Some("rows16") => Layout::Rows16,
-            _ if matches!(Isa::best(), Isa::Avx512 | Isa::Avx512Vnni) => Layout::Rows16,
+            _ if matches!(Isa::best(), Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni) => Layout::Rows16,
             _ => Layout::RowPairs,
         })
     }
@@ -479,6 +479,11 @@ pub unsafe fn gemm_rows_out(isa: Isa, w: &Packed, a: &QActs, lo: usize, hi: usiz
         if isa >= Isa::Avx512 && Isa::Avx512.supported() {
             // SAFETY: AVX-512 F/BW/VL + FMA + F16C (checked just above); `out` as the caller promises.
             return unsafe { rows16::gemm_avx512bw(w, a, lo, hi, out) };
+        }
+        #[cfg(target_arch = "x86_64")]
+        if isa >= Isa::Avx2 && Isa::Avx2.supported() && is_x86_feature_detected!("f16c") {
+            // SAFETY: AVX2 + FMA (Isa::Avx2) and F16C (checked just above); `out` as the caller promises.
+            return unsafe { rows16::gemm_avx2(w, a, lo, hi, out) };
         }
         return unsafe { scalar::gemm(w, a, lo, hi, out) };
     }

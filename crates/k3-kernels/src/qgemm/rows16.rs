@@ -144,6 +144,148 @@ unsafe fn gemm<const VNNI: bool>(w: &Packed, a: &QActs, lo: usize, hi: usize, ou
     });
 }
 
+/// [`gemm_avx512bw`]'s arithmetic on 256-bit registers, for CPUs with AVX2 and no AVX-512: each
+/// 64-byte load of a group-block is read as two 32-byte halves (rows 0–7, rows 8–15). Tiles of
+/// 16 rows × up to 2 tokens (AVX2 has 16 vector registers).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; otherwise as [`gemm_avx512bw`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn gemm_avx2(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat) {
+    debug_assert!(w.layout == Layout::Rows16 && (lo.is_multiple_of(ROWS) || lo >= hi));
+    super::tiles(lo, hi, a.t, ROWS, 2, |r0, valid, t0, c| {
+        let args = (w, a, r0, t0, valid, r0 - lo, out);
+        match (w.kind == Kind::Q8_0, c) {
+            (true, 2) => avx2::tile_q8::<2>(args),
+            (true, _) => avx2::tile_q8::<1>(args),
+            (false, 2) => avx2::tile::<2>(args),
+            (false, _) => avx2::tile::<1>(args),
+        }
+    });
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::x86::TileArgs;
+    use super::{Kind, BLOCK, GROUP_BLOCK, GROUP_BLOCK_Q8, PF_BYTES, ROWS};
+
+    /// Row lanes 0..16 of two 8-lane halves, written to the valid rows of token t.
+    #[inline(always)]
+    unsafe fn store(acc: &[__m256; 2], valid: usize, orow: usize, t: usize, out: super::OutMat) {
+        let mut lanes = [0f32; ROWS];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), acc[0]);
+        _mm256_storeu_ps(lanes.as_mut_ptr().add(8), acc[1]);
+        for (r, &v) in lanes.iter().enumerate().take(valid) {
+            out.put(orow + r, t, v);
+        }
+    }
+
+    /// Q4_0 / Q4_1: [`super::x86::tile`] without VNNI, on two halves.
+    #[inline(always)]
+    pub(super) unsafe fn tile<const C: usize>((w, a, r0, t0, valid, orow, out): TileArgs) {
+        let n = w.nbp;
+        let g = r0 / ROWS;
+        let q = w.qs.as_ptr().add(g * n * GROUP_BLOCK);
+        let d = w.d.as_ptr().add(g * n * ROWS);
+        let q41 = w.kind == Kind::Q4_1;
+        let m = if q41 { w.m.as_ptr().add(g * n * ROWS) } else { std::ptr::null() };
+        let xq: [*const i8; C] = std::array::from_fn(|c| a.qs.as_ptr().add((t0 + c) * n * BLOCK));
+        let dx: [*const f32; C] = std::array::from_fn(|c| a.d.as_ptr().add((t0 + c) * n));
+        let sx: [*const f32; C] = std::array::from_fn(|c| a.s_for(w.kind, t0 + c).as_ptr());
+        let (nib, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
+        let mut acc = [[_mm256_setzero_ps(); 2]; C];
+        for b in 0..n {
+            let qb = q.add(b * GROUP_BLOCK);
+            for line in 0..GROUP_BLOCK / 64 {
+                _mm_prefetch::<_MM_HINT_T0>(qb.wrapping_add(PF_BYTES + line * 64) as *const i8);
+            }
+            let mut isum = [[_mm256_setzero_si256(); 2]; C];
+            for j in 0..4 {
+                let v: [__m256i; 2] = std::array::from_fn(|h| _mm256_loadu_si256(qb.add(j * 64 + 32 * h) as *const _));
+                let lo4 = v.map(|v| _mm256_and_si256(v, nib)); // codes 4j..4j+4 of each row
+                let hi4 = v.map(|v| _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib)); // codes 16+4j..
+                for c in 0..C {
+                    let xa = _mm256_set1_epi32((xq[c].add(b * BLOCK + 4 * j) as *const i32).read_unaligned());
+                    let xb = _mm256_set1_epi32((xq[c].add(b * BLOCK + 16 + 4 * j) as *const i32).read_unaligned());
+                    for h in 0..2 {
+                        isum[c][h] = _mm256_add_epi16(isum[c][h], _mm256_maddubs_epi16(lo4[h], xa));
+                        isum[c][h] = _mm256_add_epi16(isum[c][h], _mm256_maddubs_epi16(hi4[h], xb));
+                    }
+                }
+            }
+            let half =
+                |p: *const u16, h: usize| _mm256_cvtph_ps(_mm_loadu_si128(p.add(b * ROWS + 8 * h) as *const __m128i));
+            let wd = [half(d, 0), half(d, 1)];
+            let wm = if q41 { [half(m, 0), half(m, 1)] } else { wd };
+            for c in 0..C {
+                let (dxb, sb) = (_mm256_set1_ps(*dx[c].add(b)), *sx[c].add(b));
+                for h in 0..2 {
+                    let dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(isum[c][h], ones));
+                    if q41 {
+                        acc[c][h] = _mm256_fmadd_ps(wd[h], _mm256_mul_ps(dot, dxb), acc[c][h]);
+                        acc[c][h] = _mm256_fmadd_ps(wm[h], _mm256_set1_ps(sb), acc[c][h]);
+                    } else {
+                        let t = _mm256_fmadd_ps(dot, dxb, _mm256_set1_ps(-8.0 * sb));
+                        acc[c][h] = _mm256_fmadd_ps(wd[h], t, acc[c][h]);
+                    }
+                }
+            }
+        }
+        for (c, acc) in acc.iter().enumerate() {
+            store(acc, valid, orow, t0 + c, out);
+        }
+    }
+
+    /// Q8_0: [`super::x86::tile_q8`] without VNNI, on two halves (vpsignb for the sign trick).
+    #[inline(always)]
+    pub(super) unsafe fn tile_q8<const C: usize>((w, a, r0, t0, valid, orow, out): TileArgs) {
+        let n = w.nbp;
+        let g = r0 / ROWS;
+        let q = w.qs.as_ptr().add(g * n * GROUP_BLOCK_Q8);
+        let d = w.d.as_ptr().add(g * n * ROWS);
+        let xq: [*const i8; C] = std::array::from_fn(|c| a.qs.as_ptr().add((t0 + c) * n * BLOCK));
+        let dx: [*const f32; C] = std::array::from_fn(|c| a.d.as_ptr().add((t0 + c) * n));
+        let (flip, ones) = (_mm256_set1_epi8(-128), _mm256_set1_epi16(1));
+        let mut acc = [[_mm256_setzero_ps(); 2]; C];
+        for b in 0..n {
+            let qb = q.add(b * GROUP_BLOCK_Q8);
+            for line in 0..GROUP_BLOCK_Q8 / 64 {
+                _mm_prefetch::<_MM_HINT_T0>(qb.wrapping_add(PF_BYTES + line * 64) as *const i8);
+            }
+            let mut isum = [[_mm256_setzero_si256(); 2]; C];
+            for j in 0..8 {
+                // Signed codes; |w| (−128 stays 128 as an unsigned byte) and x·sign(w).
+                let v: [__m256i; 2] = std::array::from_fn(|h| {
+                    _mm256_xor_si256(_mm256_loadu_si256(qb.add(j * 64 + 32 * h) as *const _), flip)
+                });
+                let mag = v.map(|v| _mm256_abs_epi8(v));
+                for c in 0..C {
+                    let x = _mm256_set1_epi32((xq[c].add(b * BLOCK + 4 * j) as *const i32).read_unaligned());
+                    for h in 0..2 {
+                        let p = _mm256_maddubs_epi16(mag[h], _mm256_sign_epi8(x, v[h]));
+                        isum[c][h] = _mm256_add_epi32(isum[c][h], _mm256_madd_epi16(p, ones));
+                    }
+                }
+            }
+            let wd: [__m256; 2] =
+                std::array::from_fn(|h| _mm256_cvtph_ps(_mm_loadu_si128(d.add(b * ROWS + 8 * h) as *const __m128i)));
+            for c in 0..C {
+                let dxb = _mm256_set1_ps(*dx[c].add(b));
+                for h in 0..2 {
+                    let t = _mm256_mul_ps(_mm256_cvtepi32_ps(isum[c][h]), dxb);
+                    acc[c][h] = _mm256_fmadd_ps(wd[h], t, acc[c][h]);
+                }
+            }
+        }
+        for (c, acc) in acc.iter().enumerate() {
+            store(acc, valid, orow, t0 + c, out);
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
