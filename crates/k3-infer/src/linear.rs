@@ -26,9 +26,21 @@ pub struct Matrix {
 
 impl Matrix {
     /// A matrix from raw ggml rows, repacked for the integer kernels when its type has them.
+    /// Q4_K rows are repacked as the Q4_1 blocks they are (`quant::k_quants::q4_k_as_q4_1`: the
+    /// sub-blocks' scales and mins rounded to f16, 5 bits a weight instead of 4.5), so they take
+    /// the Q4_1 tiles instead of one row dot per token; Q5_0 rows as the Q8_0 blocks they equal
+    /// exactly (`quant::q5_0::as_q8_0`).
     pub fn new(rows: usize, cols: usize, ty: GgmlType, data: Vec<u8>) -> Self {
         debug_assert_eq!(data.len(), rows * ty.row_bytes(cols));
-        match Packed::pack(ty, rows, cols, &data) {
+        let packed = match ty {
+            GgmlType::Q4_K => {
+                let q41 = k3_kernels::quant::k_quants::q4_k_as_q4_1(&data);
+                Packed::pack(GgmlType::Q4_1, rows, cols, &q41)
+            }
+            GgmlType::Q5_0 => Packed::pack(GgmlType::Q8_0, rows, cols, &k3_kernels::quant::q5_0::as_q8_0(&data)),
+            _ => Packed::pack(ty, rows, cols, &data),
+        };
+        match packed {
             Some(p) => Self { rows, cols, ty, data: Vec::new(), packed: Some(Arc::new(p)), name: None },
             None => Self { rows, cols, ty, data, packed: None, name: None },
         }
@@ -336,6 +348,35 @@ mod tests {
                     &want,
                     tol,
                 );
+            }
+        }
+    }
+
+    /// Q4_K (repacked as Q4_1 tiles), Q6_K (row dots) and Q5_0 (repacked as Q8_0): the quantized product
+    /// against the f64 dot of the file's own dequantized rows (for Q4_K that also bounds the f16
+    /// rounding of the repacked scales).
+    #[test]
+    fn k_quant_and_q5_0_matrices_match_their_dequantized_rows() {
+        let mut rng = Rng::new(4);
+        let (rows, cols, t) = (21, 512, 3);
+        let w = rng.normals(rows * cols, 0.5);
+        let x = rng.normals(t * cols, 1.0);
+        for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_0] {
+            let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
+            let m = Matrix::new(rows, cols, ty, data.clone());
+            assert_eq!(m.packed.is_some(), ty != GgmlType::Q6_K, "{}: packed", ty.name());
+            let mut deq = vec![0f32; rows * cols];
+            ty.dequantize_row(&data, &mut deq);
+            let mut want = vec![0f32; t * rows];
+            for o in 0..rows {
+                for r in 0..t {
+                    let row = &deq[o * cols..(o + 1) * cols];
+                    want[r * rows + o] = (0..cols).map(|i| x[r * cols + i] as f64 * row[i] as f64).sum::<f64>() as f32;
+                }
+            }
+            for threads in [1, 2] {
+                let q = m.apply(&x, t, Compute { threads, exact: false });
+                k3_kernels::testing::assert_close_ratio(&format!("{} x{threads}", ty.name()), &q, &want, 2e-2);
             }
         }
     }

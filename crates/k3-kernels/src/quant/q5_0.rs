@@ -66,3 +66,29 @@ pub fn vec_dot_q8_0(w: &[u8], x: &[u8]) -> f32 {
     }
     sum
 }
+
+/// Q5_0 rows as Q8_0 blocks, exactly: the same f16 scale and the codes q − 16 (−16..15) as i8, so
+/// Q5_0 tensors take the Q8_0 integer tiles (34 bytes per 32 weights instead of 22).
+pub fn as_q8_0(b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(b.len() / BYTES * 34);
+    for blk in b.chunks_exact(BYTES) {
+        out.extend_from_slice(&blk[0..2]);
+        out.extend(codes(blk).iter().map(|&q| (q - 16) as i8 as u8));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::GgmlType;
+
+    #[test]
+    fn q5_0_rows_are_q8_0_rows_exactly() {
+        let x = crate::testing::Rng::new(5).normals(32 * 9, 1.0);
+        let q5 = super::quantize_ref(&x);
+        let (mut a, mut b) = (vec![0f32; x.len()], vec![0f32; x.len()]);
+        super::dequantize_ref(&q5, &mut a);
+        GgmlType::Q8_0.dequantize_row(&super::as_q8_0(&q5), &mut b);
+        assert_eq!(a, b);
+    }
+}
