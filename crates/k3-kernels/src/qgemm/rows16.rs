@@ -90,6 +90,51 @@ pub(crate) fn load_codes(p: &Packed, r: usize, codes: &mut [u8]) {
     }
 }
 
+/// What a tile of 16 rows × C tokens reads: its group's codes (a block every
+/// [`group_block`] bytes), scales and Q4_1 mins (16 a block), and per token the activation codes,
+/// scales and sums.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Operands<const C: usize> {
+    n: usize,
+    q: *const u8,
+    d: *const u16,
+    m: *const u16,
+    xq: [*const i8; C],
+    dx: [*const f32; C],
+    sx: [*const f32; C],
+}
+
+#[cfg(target_arch = "x86_64")]
+impl<const C: usize> Operands<C> {
+    /// # Safety
+    /// Row group r0 / 16 and tokens t0..t0 + C must exist in `w` and `a`.
+    #[inline(always)]
+    unsafe fn new(w: &Packed, a: &QActs, r0: usize, t0: usize) -> Self {
+        let (n, g) = (w.nbp, r0 / ROWS);
+        Self {
+            n,
+            q: w.qs.as_ptr().add(g * n * group_block(w.kind)),
+            d: w.d.as_ptr().add(g * n * ROWS),
+            m: if w.kind == Kind::Q4_1 { w.m.as_ptr().add(g * n * ROWS) } else { std::ptr::null() },
+            xq: std::array::from_fn(|c| a.qs.as_ptr().add((t0 + c) * n * BLOCK)),
+            dx: std::array::from_fn(|c| a.d.as_ptr().add((t0 + c) * n)),
+            sx: std::array::from_fn(|c| a.s_for(w.kind, t0 + c).as_ptr()),
+        }
+    }
+
+    /// Block b's codes (`gb` bytes), once the codes [`PF_BYTES`] on are prefetched.
+    #[inline(always)]
+    unsafe fn block(&self, b: usize, gb: usize) -> *const u8 {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let qb = self.q.add(b * gb);
+        for line in 0..gb / 64 {
+            _mm_prefetch::<_MM_HINT_T0>(qb.wrapping_add(PF_BYTES + line * 64) as *const i8);
+        }
+        qb
+    }
+}
+
 /// Bytes ahead of the current block that the kernel prefetches (8 blocks of a group).
 #[cfg(target_arch = "x86_64")]
 const PF_BYTES: usize = 8 * GROUP_BLOCK;
@@ -170,7 +215,7 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     use super::x86::TileArgs;
-    use super::{Kind, BLOCK, GROUP_BLOCK, GROUP_BLOCK_Q8, PF_BYTES, ROWS};
+    use super::{Kind, Operands, BLOCK, GROUP_BLOCK, GROUP_BLOCK_Q8, ROWS};
 
     /// Row lanes 0..16 of two 8-lane halves, written to the valid rows of token t.
     #[inline(always)]
@@ -186,22 +231,13 @@ mod avx2 {
     /// Q4_0 / Q4_1: [`super::x86::tile`] without VNNI, on two halves.
     #[inline(always)]
     pub(super) unsafe fn tile<const C: usize>((w, a, r0, t0, valid, orow, out): TileArgs) {
-        let n = w.nbp;
-        let g = r0 / ROWS;
-        let q = w.qs.as_ptr().add(g * n * GROUP_BLOCK);
-        let d = w.d.as_ptr().add(g * n * ROWS);
+        let ops = Operands::<C>::new(w, a, r0, t0);
+        let Operands { n, d, m, xq, dx, sx, .. } = ops;
         let q41 = w.kind == Kind::Q4_1;
-        let m = if q41 { w.m.as_ptr().add(g * n * ROWS) } else { std::ptr::null() };
-        let xq: [*const i8; C] = std::array::from_fn(|c| a.qs.as_ptr().add((t0 + c) * n * BLOCK));
-        let dx: [*const f32; C] = std::array::from_fn(|c| a.d.as_ptr().add((t0 + c) * n));
-        let sx: [*const f32; C] = std::array::from_fn(|c| a.s_for(w.kind, t0 + c).as_ptr());
         let (nib, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
         let mut acc = [[_mm256_setzero_ps(); 2]; C];
         for b in 0..n {
-            let qb = q.add(b * GROUP_BLOCK);
-            for line in 0..GROUP_BLOCK / 64 {
-                _mm_prefetch::<_MM_HINT_T0>(qb.wrapping_add(PF_BYTES + line * 64) as *const i8);
-            }
+            let qb = ops.block(b, GROUP_BLOCK);
             let mut isum = [[_mm256_setzero_si256(); 2]; C];
             for j in 0..4 {
                 let v: [__m256i; 2] = std::array::from_fn(|h| _mm256_loadu_si256(qb.add(j * 64 + 32 * h) as *const _));
@@ -242,19 +278,12 @@ mod avx2 {
     /// Q8_0: [`super::x86::tile_q8`] without VNNI, on two halves (vpsignb for the sign trick).
     #[inline(always)]
     pub(super) unsafe fn tile_q8<const C: usize>((w, a, r0, t0, valid, orow, out): TileArgs) {
-        let n = w.nbp;
-        let g = r0 / ROWS;
-        let q = w.qs.as_ptr().add(g * n * GROUP_BLOCK_Q8);
-        let d = w.d.as_ptr().add(g * n * ROWS);
-        let xq: [*const i8; C] = std::array::from_fn(|c| a.qs.as_ptr().add((t0 + c) * n * BLOCK));
-        let dx: [*const f32; C] = std::array::from_fn(|c| a.d.as_ptr().add((t0 + c) * n));
+        let ops = Operands::<C>::new(w, a, r0, t0);
+        let Operands { n, d, xq, dx, .. } = ops;
         let (flip, ones) = (_mm256_set1_epi8(-128), _mm256_set1_epi16(1));
         let mut acc = [[_mm256_setzero_ps(); 2]; C];
         for b in 0..n {
-            let qb = q.add(b * GROUP_BLOCK_Q8);
-            for line in 0..GROUP_BLOCK_Q8 / 64 {
-                _mm_prefetch::<_MM_HINT_T0>(qb.wrapping_add(PF_BYTES + line * 64) as *const i8);
-            }
+            let qb = ops.block(b, GROUP_BLOCK_Q8);
             let mut isum = [[_mm256_setzero_si256(); 2]; C];
             for j in 0..8 {
                 // Signed codes; |w| (−128 stays 128 as an unsigned byte) and x·sign(w).
@@ -290,7 +319,7 @@ mod avx2 {
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{Kind, OutMat, Packed, QActs, BLOCK, GROUP_BLOCK, GROUP_BLOCK_Q8, PF_BYTES, ROWS};
+    use super::{Kind, Operands, OutMat, Packed, QActs, BLOCK, GROUP_BLOCK, GROUP_BLOCK_Q8, PF_BYTES, ROWS};
 
     /// (matrix, activations, first row of the group, first token, valid rows, output row of the
     /// group's first row, output).
@@ -301,22 +330,13 @@ mod x86 {
     /// or `d_w·d_x·dot + m·s` (Q4_1) per row lane.
     #[inline(always)]
     pub(super) unsafe fn tile<const C: usize, const VNNI: bool>((w, a, r0, t0, valid, orow, out): TileArgs) {
-        let n = w.nbp;
-        let g = r0 / ROWS;
-        let q = w.qs.as_ptr().add(g * n * GROUP_BLOCK);
-        let d = w.d.as_ptr().add(g * n * ROWS);
+        let ops = Operands::<C>::new(w, a, r0, t0);
+        let Operands { n, d, m, xq, dx, sx, .. } = ops;
         let q41 = w.kind == Kind::Q4_1;
-        let m = if q41 { w.m.as_ptr().add(g * n * ROWS) } else { std::ptr::null() };
-        let xq: [*const i8; C] = std::array::from_fn(|c| a.qs.as_ptr().add((t0 + c) * n * BLOCK));
-        let dx: [*const f32; C] = std::array::from_fn(|c| a.d.as_ptr().add((t0 + c) * n));
-        let sx: [*const f32; C] = std::array::from_fn(|c| a.s_for(w.kind, t0 + c).as_ptr());
         let (nib, ones) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi16(1));
         let mut acc = [_mm512_setzero_ps(); C];
         for b in 0..n {
-            let qb = q.add(b * GROUP_BLOCK);
-            for line in 0..GROUP_BLOCK / 64 {
-                _mm_prefetch::<_MM_HINT_T0>(qb.wrapping_add(PF_BYTES + line * 64) as *const i8);
-            }
+            let qb = ops.block(b, GROUP_BLOCK);
             if b % 2 == 0 {
                 _mm_prefetch::<_MM_HINT_T0>(d.wrapping_add(b * ROWS + PF_BYTES / 8) as *const i8);
                 if q41 {
@@ -372,20 +392,12 @@ mod x86 {
     /// (code + 128) into two sets of 32-bit lanes, then `d_w·(d_x·dot − 128·s)`.
     #[inline(always)]
     pub(super) unsafe fn tile_q8<const C: usize, const VNNI: bool>((w, a, r0, t0, valid, orow, out): TileArgs) {
-        let n = w.nbp;
-        let g = r0 / ROWS;
-        let q = w.qs.as_ptr().add(g * n * GROUP_BLOCK_Q8);
-        let d = w.d.as_ptr().add(g * n * ROWS);
-        let xq: [*const i8; C] = std::array::from_fn(|c| a.qs.as_ptr().add((t0 + c) * n * BLOCK));
-        let dx: [*const f32; C] = std::array::from_fn(|c| a.d.as_ptr().add((t0 + c) * n));
-        let sx: [*const f32; C] = std::array::from_fn(|c| a.s_for(Kind::Q8_0, t0 + c).as_ptr());
+        let ops = Operands::<C>::new(w, a, r0, t0);
+        let Operands { n, d, xq, dx, sx, .. } = ops;
         let (flip, ones, zero) = (_mm512_set1_epi8(-128), _mm512_set1_epi16(1), _mm512_setzero_si512());
         let mut acc = [_mm512_setzero_ps(); C];
         for b in 0..n {
-            let qb = q.add(b * GROUP_BLOCK_Q8);
-            for line in 0..GROUP_BLOCK_Q8 / 64 {
-                _mm_prefetch::<_MM_HINT_T0>(qb.wrapping_add(PF_BYTES + line * 64) as *const i8);
-            }
+            let qb = ops.block(b, GROUP_BLOCK_Q8);
             _mm_prefetch::<_MM_HINT_T0>(d.wrapping_add((b + PF_BYTES / GROUP_BLOCK_Q8) * ROWS) as *const i8);
             let (mut isum, mut isum2) = ([_mm512_setzero_si512(); C], [_mm512_setzero_si512(); C]);
             for j in 0..8 {
