@@ -335,11 +335,12 @@ impl GgufFile {
         })?;
         let ty = GgmlType::from_id(t.type_id).ok_or_else(|| {
             Error::Invalid(format!(
-                "{}: tensor `{}` has type {} (id {}), which K3-Mini cannot read yet (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K); requantize the file to one of those (llama-quantize, or tools/bench/llama_quantize.py)",
+                "{}: tensor `{}` has type {} (id {}), which K3-Mini cannot read yet (supported: {}); requantize the file to one of those (llama-quantize, or tools/bench/llama_quantize.py)",
                 self.path.display(),
                 name,
                 GgmlType::name_of_id(t.type_id),
-                t.type_id
+                t.type_id,
+                GgmlType::readable_names().join(", ")
             ))
         })?;
         let row = t.ne.first().copied().unwrap_or(1) as usize;

@@ -25,22 +25,11 @@ pub struct Matrix {
 }
 
 impl Matrix {
-    /// A matrix from raw ggml rows, repacked for the integer kernels when its type has them.
-    /// Q4_K rows are repacked as the Q4_1 blocks they are (`quant::k_quants::q4_k_as_q4_1`: the
-    /// sub-blocks' scales and mins rounded to f16, 5 bits a weight instead of 4.5), so they take
-    /// the Q4_1 tiles instead of one row dot per token; Q5_0 rows as the Q8_0 blocks they equal
-    /// exactly (`quant::q5_0::as_q8_0`).
+    /// A matrix from raw ggml rows, repacked for the integer kernels when its type has them
+    /// (Q4_K and Q5_0 as Q4_1 and Q8_0 tiles, see `Packed::pack`).
     pub fn new(rows: usize, cols: usize, ty: GgmlType, data: Vec<u8>) -> Self {
         debug_assert_eq!(data.len(), rows * ty.row_bytes(cols));
-        let packed = match ty {
-            GgmlType::Q4_K => {
-                let q41 = k3_kernels::quant::k_quants::q4_k_as_q4_1(&data);
-                Packed::pack(GgmlType::Q4_1, rows, cols, &q41)
-            }
-            GgmlType::Q5_0 => Packed::pack(GgmlType::Q8_0, rows, cols, &k3_kernels::quant::q5_0::as_q8_0(&data)),
-            _ => Packed::pack(ty, rows, cols, &data),
-        };
-        match packed {
+        match Packed::pack(ty, rows, cols, &data) {
             Some(p) => Self { rows, cols, ty, data: Vec::new(), packed: Some(Arc::new(p)), name: None },
             None => Self { rows, cols, ty, data, packed: None, name: None },
         }

@@ -186,8 +186,7 @@ fn decode_split(out: &mut [f32], qv: &[f32], lat: Latent, s: usize, scale: f32, 
             unsafe { (mx.slice(k * rows, rows), sm.slice(k * rows, rows), po.slice(k * rows * r, rows * r)) };
         split::online_share(k * per..((k + 1) * per).min(s), scale, f16_kq, &scores, &values, ok, mk, sk);
     });
-    let factor = split::share_factors(&maxes, &sums, shares, rows);
-    split::sum_shares(out, &partial, &factor, shares, rows, r);
+    split::combine_shares(&mut out[..rows * r], &maxes, &sums, &partial, r);
 }
 
 #[cfg(test)]

@@ -1,13 +1,9 @@
 //! One query token against a long cache with its positions split over the threads, as
 //! flash-decoding does, each share in one pass over its positions (online softmax, tiles that
-//! stay in L2 between scores and values): the steps every split shares (a share's pass, the
-//! factors that turn the shares' sums into the unsplit softmax, the weighted sum of the shares'
-//! outputs), used by
-//! MLA's latent cache ([`super::mla`]) and here by GQA's (with few KV heads, SmolLM2's 3, one
-//! task per head left a thread idle, and each task streamed its head's whole cache).
-//!
-//! Per-share statistics are laid out [group, share, row]: one group for MLA (all heads' rows
-//! against the one latent cache), one per KV head for GQA.
+//! stay in L2 between scores and values): a share's pass and the combination of the shares'
+//! outputs into the unsplit softmax's, used by MLA's latent cache ([`super::mla`]) and here by
+//! GQA's. A share's rows are every query head (MLA: all heads against the one latent cache; GQA:
+//! each KV head's G query heads in turn), its statistics laid out [share, row].
 
 use super::{Heads, OutPtr, Rows};
 use std::ops::Range;
@@ -32,7 +28,7 @@ pub(super) type ValuesFn<'a> = dyn Fn(&mut [f32], &[f32], Range<usize>) + 'a;
 /// the tile's, the running sum of e^(scale·x − m) and the outputs `acc` ([rows, w]) rescaled by
 /// e^(m_old − m_new) when it grows, then the tile's exponentials times its values. The share
 /// ends with `acc` = Σ_j e^(scale·x_j − m)·v_j, its `maxes` m and its `sums`, which
-/// [`share_factors`] turns into the unsplit softmax. With `f16_kq` the exponentials are rounded
+/// [`combine_shares`] turns into the unsplit softmax. With `f16_kq` the exponentials are rounded
 /// to f16 before the values product, as llama.cpp rounds its probabilities against an f16 cache
 /// (there after normalising; the same relative rounding).
 #[allow(clippy::too_many_arguments)]
@@ -75,36 +71,22 @@ pub(super) fn online_share(
     }
 }
 
-/// e^(m_k − m) / Σ_k e^(m_k − m)·sum_k for every [group, share, row]: what turns share k's
-/// exponentials into the row's probabilities.
-pub(super) fn share_factors(maxes: &[f32], sums: &[f32], shares: usize, rows: usize) -> Vec<f32> {
-    let mut factor = vec![0f32; maxes.len()];
-    for grp in 0..maxes.len() / (shares * rows) {
-        for i in 0..rows {
-            let at = |k: usize| (grp * shares + k) * rows + i;
-            let m = (0..shares).map(|k| maxes[at(k)]).fold(f32::NEG_INFINITY, f32::max);
-            for k in 0..shares {
-                factor[at(k)] = crate::ops::exp_fast(maxes[at(k)] - m);
-            }
-            let l: f32 = (0..shares).map(|k| factor[at(k)] * sums[at(k)]).sum();
-            for k in 0..shares {
-                factor[at(k)] /= l;
-            }
-        }
-    }
-    factor
-}
-
-/// out [group, row, w] = Σ_k factor [group, share k, row] · partial [group, share k, row, w].
-pub(super) fn sum_shares(out: &mut [f32], partial: &[f32], factor: &[f32], shares: usize, rows: usize, w: usize) {
-    for grp in 0..partial.len() / (shares * rows * w) {
-        for i in 0..rows {
-            let dst = &mut out[(grp * rows + i) * w..(grp * rows + i + 1) * w];
-            dst.fill(0.0);
-            for k in 0..shares {
-                let at = (grp * shares + k) * rows + i;
-                crate::ops::axpy(dst, factor[at], &partial[at * w..(at + 1) * w]);
-            }
+/// The shares' outputs combined into the unsplit softmax's: per row, with m = max_k m_k,
+/// out = Σ_k e^(m_k − m)·partial_k / Σ_k e^(m_k − m)·sum_k.
+///
+/// # Shapes
+/// maxes, sums: [shares, rows]; partial: [shares, rows, w]; out: [rows, w]
+pub(super) fn combine_shares(out: &mut [f32], maxes: &[f32], sums: &[f32], partial: &[f32], w: usize) {
+    let rows = out.len() / w;
+    let shares = maxes.len() / rows;
+    for (i, dst) in out.chunks_exact_mut(w).enumerate() {
+        let at = |k: usize| k * rows + i;
+        let m = (0..shares).map(|k| maxes[at(k)]).fold(f32::NEG_INFINITY, f32::max);
+        let factor: Vec<f32> = (0..shares).map(|k| crate::ops::exp_fast(maxes[at(k)] - m)).collect();
+        let l: f32 = (0..shares).map(|k| factor[k] * sums[at(k)]).sum();
+        dst.fill(0.0);
+        for (k, f) in factor.iter().enumerate() {
+            crate::ops::axpy(dst, f / l, &partial[at(k) * w..(at(k) + 1) * w]);
         }
     }
 }
@@ -171,8 +153,7 @@ pub(crate) fn gqa_decode_split(
         let (mk, sk, ok) = unsafe { (mx.slice(k * hq, hq), sm.slice(k * hq, hq), po.slice(k * hq * dv, hq * dv)) };
         online_share(k * per..((k + 1) * per).min(s), scale, f16_kq, &scores, &values, ok, mk, sk);
     });
-    let factor = share_factors(&maxes, &sums, shares, hq);
-    sum_shares(out, &partial, &factor, shares, hq, dv);
+    combine_shares(&mut out[..hq * dv], &maxes, &sums, &partial, dv);
 }
 
 #[cfg(test)]
@@ -223,9 +204,8 @@ mod tests {
                 let ok = &mut partial[k * rows * w..(k + 1) * rows * w];
                 online_share(k * per..((k + 1) * per).min(s), scale, f16_kq, &scores, &values, ok, mk, sk);
             }
-            let factor = share_factors(&maxes, &sums, shares, rows);
             let mut got = vec![0f32; rows * w];
-            sum_shares(&mut got, &partial, &factor, shares, rows, w);
+            combine_shares(&mut got, &maxes, &sums, &partial, w);
             let tol = if f16_kq { 2e-3 } else { 1e-5 };
             assert_close_abs(&format!("one pass, f16_kq {f16_kq}"), &got, &want, tol);
         }

@@ -145,7 +145,8 @@ pub enum Layout {
     /// Row-major. Q4: for every pair of blocks (2p, 2p+1) 32 bytes, byte j holding code j of
     /// block 2p in its low nibble and code j of block 2p+1 in its high nibble, so one AND and one
     /// shift give both blocks' codes in element order. Q8: 32 bytes per block of `code + 128`.
-    /// Scales [rows, nbp]. The VNNI, AMX and AVX2 kernels' layout.
+    /// Scales [rows, nbp]. The layout on AMX CPUs (its prefill tiles read it) and where no SIMD
+    /// path runs; every x86 path has kernels for it.
     RowPairs,
     /// 16 rows interleaved in 4-code groups per block ([`rows16`]; Q4 at a nibble a code, Q8 at a
     /// byte), scales [rows/16, nbp, 16]; rows padded to a multiple of 16. The AVX-512 kernels'
@@ -157,16 +158,26 @@ impl Layout {
     /// The layout the fastest kernels on this CPU ([`Isa::best`]) read, for every kind: 16-row
     /// groups for AVX-512 (VNNI or not) and AVX2, row pairs for AMX (its prefill tiles read them).
     /// `K3MINI_LAYOUT=rowpairs|rows16` overrides it where the CPU has a kernel for that layout
-    /// (row pairs: always; 16-row groups: AVX-512 or the scalar loops), to compare the two.
+    /// (row pairs: always; 16-row groups: AVX-512, AVX2 with F16C, or the scalar loops), to
+    /// compare the two.
     pub fn best() -> Layout {
         static BEST: OnceLock<Layout> = OnceLock::new();
         *BEST.get_or_init(|| match std::env::var("K3MINI_LAYOUT").ok().as_deref() {
             Some("rowpairs") => Layout::RowPairs,
             Some("rows16") => Layout::Rows16,
-            _ if matches!(Isa::best(), Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni) => Layout::Rows16,
+            _ if matches!(Isa::best(), Isa::Avx512 | Isa::Avx512Vnni) => Layout::Rows16,
+            _ if Isa::best() == Isa::Avx2 && rows16_avx2() => Layout::Rows16,
             _ => Layout::RowPairs,
         })
     }
+}
+
+/// Whether the 16-row AVX2 kernels can run: AVX2 + FMA ([`Isa::Avx2`]) and F16C for the scales.
+fn rows16_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return Isa::Avx2.supported() && is_x86_feature_detected!("f16c");
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// A weight matrix [rows, cols] repacked for the kernels, in one [`Layout`]. Scales stay f16
@@ -186,7 +197,10 @@ pub struct Packed {
 
 impl Packed {
     /// Repack ggml rows of `ty` (`rows × ty.row_bytes(cols)` bytes) in the layout this CPU's
-    /// kernels read. `None` for types the integer kernels do not take.
+    /// kernels read. `None` for types the integer kernels do not take. Q4_K rows enter as the
+    /// Q4_1 blocks their sub-blocks are (`k_quants::q4_k_as_q4_1`: scales and mins rounded to
+    /// f16, 5 bits a weight instead of 4.5), Q5_0 rows as the Q8_0 blocks they equal exactly
+    /// (`q5_0::as_q8_0`), so both take tiles instead of one row dot per token.
     pub fn pack(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Option<Packed> {
         Self::pack_as(ty, rows, cols, data, Layout::best())
     }
@@ -202,6 +216,16 @@ impl Packed {
 
     /// [`Packed::pack`] in a given layout.
     pub fn pack_as(ty: GgmlType, rows: usize, cols: usize, data: &[u8], layout: Layout) -> Option<Packed> {
+        match ty {
+            GgmlType::Q4_K => {
+                let q41 = crate::quant::k_quants::q4_k_as_q4_1(data);
+                return Self::pack_as(GgmlType::Q4_1, rows, cols, &q41, layout);
+            }
+            GgmlType::Q5_0 => {
+                return Self::pack_as(GgmlType::Q8_0, rows, cols, &crate::quant::q5_0::as_q8_0(data), layout)
+            }
+            _ => {}
+        }
         let kind = Self::kind_of(ty)?;
         if !cols.is_multiple_of(BLOCK) {
             return None;
@@ -481,7 +505,7 @@ pub unsafe fn gemm_rows_out(isa: Isa, w: &Packed, a: &QActs, lo: usize, hi: usiz
             return unsafe { rows16::gemm_avx512bw(w, a, lo, hi, out) };
         }
         #[cfg(target_arch = "x86_64")]
-        if isa >= Isa::Avx2 && Isa::Avx2.supported() && is_x86_feature_detected!("f16c") {
+        if isa >= Isa::Avx2 && rows16_avx2() {
             // SAFETY: AVX2 + FMA (Isa::Avx2) and F16C (checked just above); `out` as the caller promises.
             return unsafe { rows16::gemm_avx2(w, a, lo, hi, out) };
         }

@@ -100,6 +100,11 @@ impl GgmlType {
         }
     }
 
+    /// The names of every type [`GgmlType::from_id`] reads, for error messages.
+    pub fn readable_names() -> Vec<&'static str> {
+        (0..64).filter_map(Self::from_id).map(Self::name).collect()
+    }
+
     pub fn name(self) -> &'static str {
         Self::name_of_id(self.id())
     }
