@@ -87,6 +87,7 @@ impl Mlp {
         let (gptr, uptr) = (SendPtr(g.as_mut_ptr()), SendPtr(u.as_mut_ptr()));
         let (qs, d) = (SendPtr(down_in.qs.as_mut_ptr()), SendPtr(down_in.d.as_mut_ptr()));
         let (s, s16) = (SendPtr(down_in.s.as_mut_ptr()), SendPtr(down_in.s16.as_mut_ptr()));
+        let hs = SendPtr(down_in.hs.as_mut_ptr());
         let isa = Isa::best().for_tokens(1);
         Pool::global().run(threads, n, &|i| {
             let (b0, b1) = (i * nb / n, (i + 1) * nb / n);
@@ -95,7 +96,7 @@ impl Mlp {
             // SAFETY: task i alone writes rows lo..hi of g and u and blocks b0..b1 of the down
             // input (the bands partition 0..F); every pointer outlives the job; the packed rows
             // lo..hi exist (hi ≤ F) and start on their row tiles (BLOCK is a multiple of them).
-            let (gb, ub, q, dq, sq, s16q) = unsafe {
+            let (gb, ub, q, dq, sq, s16q, hsq) = unsafe {
                 gemm_rows_out(isa, gp, &acts, lo, hi, OutMat { ptr: gptr.get().add(lo), rs: 1, cs: f });
                 gemm_rows_out(isa, upp, &acts, lo, hi, OutMat { ptr: uptr.get().add(lo), rs: 1, cs: f });
                 (
@@ -105,10 +106,11 @@ impl Mlp {
                     std::slice::from_raw_parts_mut(d.get().add(b0), b1 - b0),
                     std::slice::from_raw_parts_mut(s.get().add(b0), b1 - b0),
                     std::slice::from_raw_parts_mut(s16.get().add(b0), b1 - b0),
+                    std::slice::from_raw_parts_mut(hs.get().add(2 * b0), 2 * (b1 - b0)),
                 )
             };
             glu_inplace(gb, ub, self.act);
-            quantize_row(gb, q, dq, sq, s16q);
+            quantize_row(gb, q, dq, sq, s16q, hsq);
         });
         if let Some(name) = &self.down.name {
             crate::calib::record(name, &g, 1, f);

@@ -20,6 +20,9 @@ pub struct QActs {
     pub s: Vec<f32>,
     /// ... and rounded to f16 (Q4_1's Q8_1 `s`).
     pub s16: Vec<f32>,
+    /// [T, nbp, 2] d·Σq over each 16-code half of a block, exact (the Q6_K tiles' offsets,
+    /// whose scales change every 16 codes).
+    pub hs: Vec<f32>,
 }
 
 /// `x.round_ties_even()` for |x| ≤ 2²²: adding and removing 1.5·2²³ leaves no fraction bits, so
@@ -32,21 +35,33 @@ pub(super) fn round_even_small(x: f32) -> f32 {
 }
 
 /// One activation row of nb blocks: ggml's x86 quantizer (id = 127/amax, round half to even),
-/// d rounded to f16, s = d·Σq exact and rounded to f16. Blocks are independent, so a row may be
-/// quantized a range of whole blocks at a time (the engine's fused FFN decode does).
-pub fn quantize_row(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32], s16: &mut [f32]) {
+/// d rounded to f16, s = d·Σq exact and rounded to f16, and `hs` = d·Σq per 16-code half (2 a
+/// block). Blocks are independent, so a row may be quantized a range of whole blocks at a time
+/// (the engine's fused FFN decode does).
+pub fn quantize_row(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32], s16: &mut [f32], hs: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     // No `--exact` branch: the SIMD quantizer gives the reference's bits (tested).
     if Isa::best() >= Isa::Avx512 {
         // SAFETY: AVX-512F/BW is present (Isa::best checks it).
         unsafe { x86::quantize_row512(x, qs, d, s, s16) };
+        half_sums(qs, d, hs);
         return;
     }
-    quantize_row_ref(x, qs, d, s, s16)
+    quantize_row_ref(x, qs, d, s, s16, hs)
+}
+
+/// `hs[2b + h]` = d[b]·Σ of codes 16h..16h + 16 of block b.
+fn half_sums(qs: &[i8], d: &[f32], hs: &mut [f32]) {
+    for (b, &db) in d.iter().enumerate() {
+        for h in 0..2 {
+            let sum: i32 = qs[b * BLOCK + 16 * h..b * BLOCK + 16 * h + 16].iter().map(|&q| q as i32).sum();
+            hs[2 * b + h] = db * sum as f32;
+        }
+    }
 }
 
 /// The reference for the quantizer: the plain loops.
-pub fn quantize_row_ref(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32], s16: &mut [f32]) {
+pub fn quantize_row_ref(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32], s16: &mut [f32], hs: &mut [f32]) {
     for b in 0..d.len() {
         let blk = &x[b * BLOCK..(b + 1) * BLOCK];
         let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -62,6 +77,7 @@ pub fn quantize_row_ref(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32], 
         s[b] = dh * sum as f32;
         s16[b] = half::f16::from_f32(db * sum as f32).to_f32();
     }
+    half_sums(qs, d, hs);
 }
 
 impl QActs {
@@ -86,6 +102,7 @@ impl QActs {
             d: vec![0.0; tp * nbp],
             s: vec![0.0; tp * nbp],
             s16: vec![0.0; tp * nbp],
+            hs: vec![0.0; tp * nbp * 2],
         }
     }
 
@@ -97,20 +114,22 @@ impl QActs {
         let (nb, nbp) = (cols / BLOCK, a.nbp);
         let ptrs = (SendPtr(a.qs.as_mut_ptr() as *mut u8), SendPtr(a.d.as_mut_ptr() as *mut u8));
         let ptrs2 = (SendPtr(a.s.as_mut_ptr() as *mut u8), SendPtr(a.s16.as_mut_ptr() as *mut u8));
+        let ptr_hs = SendPtr(a.hs.as_mut_ptr() as *mut u8);
         let threads = if t * cols < 1 << 16 { 1 } else { threads };
         let per = t.div_ceil(threads.max(1) * 4).max(1);
         crate::threads::Pool::global().run(threads, t.div_ceil(per), &|i| {
             for r in i * per..((i + 1) * per).min(t) {
                 // SAFETY: row r of every array is written by this task alone, and in bounds.
-                let (qs, d, s, s16) = unsafe {
+                let (qs, d, s, s16, hs) = unsafe {
                     (
                         std::slice::from_raw_parts_mut((ptrs.0.get() as *mut i8).add(r * nbp * BLOCK), nb * BLOCK),
                         std::slice::from_raw_parts_mut((ptrs.1.get() as *mut f32).add(r * nbp), nb),
                         std::slice::from_raw_parts_mut((ptrs2.0.get() as *mut f32).add(r * nbp), nb),
                         std::slice::from_raw_parts_mut((ptrs2.1.get() as *mut f32).add(r * nbp), nb),
+                        std::slice::from_raw_parts_mut((ptr_hs.get() as *mut f32).add(2 * r * nbp), 2 * nb),
                     )
                 };
-                quantize_row(&x[r * cols..r * cols + nb * BLOCK], qs, d, s, s16);
+                quantize_row(&x[r * cols..r * cols + nb * BLOCK], qs, d, s, s16, hs);
             }
         });
         a
@@ -137,6 +156,7 @@ impl QActs {
             lines(self.d.as_ptr() as *const i8, n * 4);
             lines(self.s.as_ptr() as *const i8, n * 4);
             lines(self.s16.as_ptr() as *const i8, n * 4);
+            lines(self.hs.as_ptr() as *const i8, n * 8);
         }
     }
 
@@ -144,9 +164,13 @@ impl QActs {
         (&self.qs[t * self.nbp * BLOCK..(t + 1) * self.nbp * BLOCK], &self.d[t * self.nbp..(t + 1) * self.nbp])
     }
 
-    /// The s array a weight kind pairs with, row t.
+    /// The s array a weight kind pairs with, row t: per block (`nbp`), or for Q6_K per half
+    /// block (`2·nbp`).
     pub(crate) fn s_for(&self, kind: Kind, t: usize) -> &[f32] {
-        let s = if kind == Kind::Q4_1 { &self.s16 } else { &self.s };
-        &s[t * self.nbp..(t + 1) * self.nbp]
+        match kind {
+            Kind::Q4_1 => &self.s16[t * self.nbp..(t + 1) * self.nbp],
+            Kind::Q6K => &self.hs[2 * t * self.nbp..2 * (t + 1) * self.nbp],
+            Kind::Q4_0 | Kind::Q8_0 => &self.s[t * self.nbp..(t + 1) * self.nbp],
+        }
     }
 }

@@ -137,6 +137,22 @@ pub enum Kind {
     Q4_0,
     Q4_1,
     Q8_0,
+    /// Q6_K's codes at a byte each as Q8_0 stores its own (q − 32 + 128), with a scale per 16
+    /// codes: `d` holds each block's first-half scale and `m` its second-half one (f16 of Q6_K's
+    /// d·sc). Only in [`Layout::Rows16`]; its offsets pair with the activations' half sums.
+    Q6K,
+}
+
+impl Kind {
+    /// A byte a code (Q8_0, Q6_K), not a nibble.
+    pub(crate) fn byte_codes(self) -> bool {
+        matches!(self, Kind::Q8_0 | Kind::Q6K)
+    }
+
+    /// Whether `m` holds a second scale array (Q4_1's mins, Q6_K's second-half scales).
+    pub(crate) fn has_m(self) -> bool {
+        matches!(self, Kind::Q4_1 | Kind::Q6K)
+    }
 }
 
 /// How a [`Packed`] matrix's codes and scales are laid out.
@@ -181,7 +197,7 @@ fn rows16_avx2() -> bool {
 }
 
 /// A weight matrix [rows, cols] repacked for the kernels, in one [`Layout`]. Scales stay f16
-/// (ggml's bytes per weight); `m` holds Q4_1's mins.
+/// (ggml's bytes per weight); `m` holds Q4_1's mins (Q6_K's second-half scales).
 #[derive(Debug, Clone)]
 pub struct Packed {
     pub kind: Kind,
@@ -200,7 +216,9 @@ impl Packed {
     /// kernels read. `None` for types the integer kernels do not take. Q4_K rows enter as the
     /// Q4_1 blocks their sub-blocks are (`k_quants::q4_k_as_q4_1`: scales and mins rounded to
     /// f16, 5 bits a weight instead of 4.5), Q5_0 rows as the Q8_0 blocks they equal exactly
-    /// (`q5_0::as_q8_0`), so both take tiles instead of one row dot per token.
+    /// (`q5_0::as_q8_0`), so both take tiles instead of one row dot per token. Q6_K rows enter
+    /// the 16-row layout as bytes with a scale per 16 codes ([`Kind::Q6K`], scales rounded to f16:
+    /// 9 bits a weight instead of 6.56); in row pairs they stay on row dots (`None`).
     pub fn pack(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Option<Packed> {
         Self::pack_as(ty, rows, cols, data, Layout::best())
     }
@@ -224,6 +242,7 @@ impl Packed {
             GgmlType::Q5_0 => {
                 return Self::pack_as(GgmlType::Q8_0, rows, cols, &crate::quant::q5_0::as_q8_0(data), layout)
             }
+            GgmlType::Q6_K => return Self::pack_q6_k(rows, cols, data, layout),
             _ => {}
         }
         let kind = Self::kind_of(ty)?;
@@ -234,7 +253,7 @@ impl Packed {
         let (bb, off) = match kind {
             Kind::Q4_0 => (18, 2),
             Kind::Q4_1 => (20, 4),
-            Kind::Q8_0 => (34, 2),
+            Kind::Q8_0 | Kind::Q6K => (34, 2),
         };
         let row_bytes = nb * bb;
         debug_assert_eq!(data.len(), rows * row_bytes);
@@ -264,8 +283,35 @@ impl Packed {
         }))
     }
 
-    /// Build from rows given as unsigned codes (`nbp·32`, Q8 as code + 128), f16 scales and mins
-    /// (`nbp` each); `row` fills them for row r (pad blocks are left zero, Q8's codes 128).
+    /// Q6_K rows (`cols` a multiple of 256) as [`Kind::Q6K`] in the 16-row layout; `None` in row
+    /// pairs, or when a scale overflows f16 (the caller keeps ggml's row dots).
+    fn pack_q6_k(rows: usize, cols: usize, data: &[u8], layout: Layout) -> Option<Packed> {
+        use crate::quant::k_quants::{q6_k_halves, Q6K_BYTES, QK};
+        if layout != Layout::Rows16 || !cols.is_multiple_of(QK) {
+            return None;
+        }
+        debug_assert_eq!(data.len(), rows * cols / QK * Q6K_BYTES);
+        if data.chunks_exact(Q6K_BYTES).any(|blk| q6_k_halves(blk).is_none()) {
+            return None;
+        }
+        Some(Self::from_rows(Kind::Q6K, layout, rows, cols, |r, codes, d, m| {
+            let row = &data[r * cols / QK * Q6K_BYTES..(r + 1) * cols / QK * Q6K_BYTES];
+            for (k, blk) in row.chunks_exact(Q6K_BYTES).enumerate() {
+                let (q, sc) = q6_k_halves(blk).expect("checked above");
+                for (c, &q) in codes[k * QK..(k + 1) * QK].iter_mut().zip(&q) {
+                    *c = (q as i32 + 128) as u8;
+                }
+                for j in 0..QK / BLOCK {
+                    d[k * 8 + j] = sc[2 * j];
+                    m[k * 8 + j] = sc[2 * j + 1];
+                }
+            }
+        }))
+    }
+
+    /// Build from rows given as unsigned codes (`nbp·32`, Q8 and Q6_K as code + 128), f16 scales
+    /// and mins or second-half scales (`nbp` each); `row` fills them for row r (pad blocks are
+    /// left zero, byte codes 128).
     fn from_rows(
         kind: Kind,
         layout: Layout,
@@ -276,7 +322,7 @@ impl Packed {
         let nb = cols / BLOCK;
         let nbp = nb + nb % 2;
         let stored_rows = if layout == Layout::Rows16 { rows.next_multiple_of(rows16::ROWS) } else { rows };
-        let per_row = if kind == Kind::Q8_0 { nbp * 32 } else { nbp * 16 };
+        let per_row = if kind.byte_codes() { nbp * 32 } else { nbp * 16 };
         let mut p = Packed {
             kind,
             layout,
@@ -285,12 +331,12 @@ impl Packed {
             nbp,
             qs: vec![0u8; stored_rows * per_row],
             d: vec![0u16; stored_rows * nbp],
-            m: if kind == Kind::Q4_1 { vec![0u16; stored_rows * nbp] } else { Vec::new() },
+            m: if kind.has_m() { vec![0u16; stored_rows * nbp] } else { Vec::new() },
         };
         let mut codes = vec![0u8; nbp * BLOCK];
         let (mut d, mut m) = (vec![0u16; nbp], vec![0u16; nbp]);
         for r in 0..rows {
-            codes.iter_mut().for_each(|c| *c = if kind == Kind::Q8_0 { 128 } else { 0 });
+            codes.iter_mut().for_each(|c| *c = if kind.byte_codes() { 128 } else { 0 });
             d.iter_mut().for_each(|x| *x = 0);
             m.iter_mut().for_each(|x| *x = 0);
             row(r, &mut codes, &mut d, &mut m);
@@ -299,8 +345,8 @@ impl Packed {
                 Layout::RowPairs => {
                     let out = &mut p.qs[r * per_row..(r + 1) * per_row];
                     match kind {
-                        Kind::Q8_0 => out.copy_from_slice(&codes),
-                        _ => {
+                        Kind::Q8_0 | Kind::Q6K => out.copy_from_slice(&codes),
+                        Kind::Q4_0 | Kind::Q4_1 => {
                             for q in 0..nbp / 2 {
                                 for j in 0..BLOCK {
                                     out[q * 32 + j] = codes[2 * q * BLOCK + j] | (codes[(2 * q + 1) * BLOCK + j] << 4);
@@ -309,7 +355,7 @@ impl Packed {
                         }
                     }
                     p.d[r * nbp..(r + 1) * nbp].copy_from_slice(&d);
-                    if kind == Kind::Q4_1 {
+                    if kind.has_m() {
                         p.m[r * nbp..(r + 1) * nbp].copy_from_slice(&m);
                     }
                 }
@@ -318,15 +364,16 @@ impl Packed {
         p
     }
 
-    /// Row r's unsigned codes (`nbp·32`; Q8 as code + 128), in element order, from any layout.
+    /// Row r's unsigned codes (`nbp·32`; Q8 and Q6_K as code + 128), in element order, from any
+    /// layout.
     pub(crate) fn row_codes(&self, r: usize, codes: &mut [u8]) {
         match self.layout {
             Layout::Rows16 => rows16::load_codes(self, r, codes),
             Layout::RowPairs => {
                 let q = &self.qs[r * self.row_qs()..(r + 1) * self.row_qs()];
                 match self.kind {
-                    Kind::Q8_0 => codes.copy_from_slice(q),
-                    _ => {
+                    Kind::Q8_0 | Kind::Q6K => codes.copy_from_slice(q),
+                    Kind::Q4_0 | Kind::Q4_1 => {
                         for p in 0..self.nbp / 2 {
                             for j in 0..BLOCK {
                                 let byte = q[p * 32 + j];
@@ -349,15 +396,16 @@ impl Packed {
         }
     }
 
-    /// Row r dequantized to f32 (`cols` values): the weight values, as ggml's dequantizer gives them.
+    /// Row r dequantized to f32 (`cols` values): the weight values, as ggml's dequantizer gives
+    /// them (for Q6_K with its scales rounded to f16).
     pub fn dequant_row(&self, r: usize, out: &mut [f32]) {
         let n = self.nbp;
-        let (mut dw, mut mu) = (vec![0f32; n], vec![0f32; n]);
-        self.row_scales(r, &mut dw, &mut mu);
+        let (mut dw, mut mu) = (vec![0f32; 2 * n], vec![0f32; 2 * n]);
+        self.half_scales(r, &mut dw, &mut mu);
         let mut codes = vec![0u8; n * BLOCK];
         self.row_codes(r, &mut codes);
         for (i, o) in out.iter_mut().enumerate().take(self.cols) {
-            *o = codes[i] as f32 * dw[i / BLOCK] + mu[i / BLOCK];
+            *o = codes[i] as f32 * dw[i / 16] + mu[i / 16];
         }
     }
 
@@ -368,7 +416,7 @@ impl Packed {
             self.row_codes(r, c);
             for b in 0..self.nbp {
                 d[b] = self.d[self.scale_at(r, b)];
-                if self.kind == Kind::Q4_1 {
+                if self.kind.has_m() {
                     m[b] = self.m[self.scale_at(r, b)];
                 }
             }
@@ -390,7 +438,7 @@ impl Packed {
 
     /// Bytes of codes per row.
     pub(crate) fn row_qs(&self) -> usize {
-        if self.kind == Kind::Q8_0 {
+        if self.kind.byte_codes() {
             self.nbp * 32
         } else {
             self.nbp * 16
@@ -407,7 +455,30 @@ impl Packed {
                 Kind::Q4_0 => -8.0 * d,
                 Kind::Q8_0 => -128.0 * d,
                 Kind::Q4_1 => half::f16::from_bits(self.m[i]).to_f32(),
+                Kind::Q6K => unreachable!("Q6_K's scales change every 16 codes: half_scales"),
             };
+        }
+    }
+
+    /// [`Packed::row_scales`] per half block (`2·nbp` each): the same scale and offset twice for
+    /// the kinds with one scale a block, Q6_K's two.
+    pub(crate) fn half_scales(&self, r: usize, dw: &mut [f32], mu: &mut [f32]) {
+        if self.kind != Kind::Q6K {
+            let n = self.nbp;
+            let (mut d1, mut m1) = (vec![0f32; n], vec![0f32; n]);
+            self.row_scales(r, &mut d1, &mut m1);
+            for b in 0..n {
+                dw[2 * b..2 * b + 2].fill(d1[b]);
+                mu[2 * b..2 * b + 2].fill(m1[b]);
+            }
+            return;
+        }
+        for b in 0..self.nbp {
+            let i = self.scale_at(r, b);
+            for (h, bits) in [self.d[i], self.m[i]].into_iter().enumerate() {
+                dw[2 * b + h] = half::f16::from_bits(bits).to_f32();
+                mu[2 * b + h] = -128.0 * dw[2 * b + h];
+            }
         }
     }
 }
@@ -487,6 +558,7 @@ pub unsafe fn gemm_rows_out(isa: Isa, w: &Packed, a: &QActs, lo: usize, hi: usiz
         "activations shorter than their T × nbp blocks"
     );
     assert_eq!(w.nbp, a.nbp, "weight and activation widths differ");
+    assert!(w.kind != Kind::Q6K || w.layout == Layout::Rows16, "Q6_K tiles exist only in 16-row groups");
     assert!(hi <= w.rows && lo <= hi);
     assert!(
         lo.is_multiple_of(w.row_align()) || lo == hi,
@@ -573,12 +645,21 @@ mod tests {
             let a = QActs::quantize_threads(&x, t, cols, threads);
             for r in 0..t {
                 let (mut qs, mut d, mut s, mut s16) = (vec![0i8; cols], vec![0f32; nb], vec![0f32; nb], vec![0f32; nb]);
-                quantize_row_ref(&x[r * cols..(r + 1) * cols], &mut qs, &mut d, &mut s, &mut s16);
+                let mut hs = vec![0f32; 2 * nb];
+                quantize_row_ref(&x[r * cols..(r + 1) * cols], &mut qs, &mut d, &mut s, &mut s16, &mut hs);
                 assert_eq!(&a.qs[r * a.nbp * BLOCK..r * a.nbp * BLOCK + cols], &qs[..], "codes, row {r}");
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&a.d[r * a.nbp..r * a.nbp + nb]), bits(&d), "d, row {r}");
                 assert_eq!(bits(&a.s[r * a.nbp..r * a.nbp + nb]), bits(&s), "s, row {r}");
                 assert_eq!(bits(&a.s16[r * a.nbp..r * a.nbp + nb]), bits(&s16), "s16, row {r}");
+                assert_eq!(bits(&a.hs[2 * r * a.nbp..2 * r * a.nbp + 2 * nb]), bits(&hs), "hs, row {r}");
+                for b in 0..nb {
+                    let half = |h: usize| {
+                        qs[b * BLOCK + 16 * h..b * BLOCK + 16 * h + 16].iter().map(|&q| q as i32).sum::<i32>()
+                    };
+                    assert_eq!(hs[2 * b], d[b] * half(0) as f32, "hs, row {r} block {b}");
+                    assert_eq!(hs[2 * b + 1], d[b] * half(1) as f32, "hs, row {r} block {b}");
+                }
             }
         }
     }
@@ -661,14 +742,83 @@ mod tests {
         }
     }
 
+    /// Q6_K in the 16-row layout, on every path this CPU has (the scalar loops included), against
+    /// the product written out from ggml's own codes and scales (`q6_k_halves`: d·sc rounded to
+    /// f16, the tiles' one approximation) and the activations' 8-bit codes; and, within that
+    /// rounding and the activations', against ggml's `vec_dot_q6_K_q8_K`.
+    #[test]
+    fn q6_k_tiles_match_ggml_codes_and_scales() {
+        use crate::quant::k_quants::{q6_k_halves, Q6K_BYTES, QK};
+        let mut rng = Rng::new(23);
+        for &(rows, cols, t) in &[(16, 256, 1), (21, 512, 3), (40, 768, 9), (17, 256, 17)] {
+            let w = rng.normals(rows * cols, 0.4);
+            let x = rng.normals(t * cols, 1.5);
+            let ty = GgmlType::Q6_K;
+            let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
+            assert!(Packed::pack_as(ty, rows, cols, &data, Layout::RowPairs).is_none(), "Q6_K has no row-pair tiles");
+            let p = Packed::pack_as(ty, rows, cols, &data, Layout::Rows16).expect("Q6_K packs in 16-row groups");
+            assert_eq!(p.kind, Kind::Q6K);
+            let a = QActs::quantize(&x, t, cols);
+            let mut want = vec![0f64; rows * t];
+            for o in 0..rows {
+                let row = &data[o * cols / QK * Q6K_BYTES..(o + 1) * cols / QK * Q6K_BYTES];
+                for (k, blk) in row.chunks_exact(Q6K_BYTES).enumerate() {
+                    let (q, sc) = q6_k_halves(blk).expect("finite scales");
+                    for r in 0..t {
+                        let (xq, dx) = a.row(r);
+                        for g in 0..16 {
+                            let e0 = k * QK + 16 * g;
+                            let isum: i32 = (0..16).map(|i| q[16 * g + i] as i32 * xq[e0 + i] as i32).sum();
+                            let scale = half::f16::from_bits(sc[g]).to_f32() as f64;
+                            want[o * t + r] += scale * dx[e0 / BLOCK] as f64 * isum as f64;
+                        }
+                    }
+                }
+            }
+            for isa in Isa::available() {
+                let mut got = vec![0f32; rows * t];
+                gemm_rows(isa, &p, &a, 0, rows, &mut got);
+                for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (*g as f64 - e).abs() <= 2e-5 * (1.0 + e.abs()) * (cols as f64 / 32.0).sqrt(),
+                        "Q6_K {} [{rows}x{cols}]·[{t}] elem {i}: {g} vs {e}",
+                        isa.name()
+                    );
+                }
+            }
+            // ggml's own product rounds the activations per 256 (Q8_K), the tiles per 32: against
+            // the exact product of the file's dequantized rows, the tiles' error (f16 scales
+            // included) is no larger than ggml's.
+            let ggml = gemm_ref(ty, &data, rows, cols, &x, t);
+            let mut got = vec![0f32; rows * t];
+            gemm_rows(Isa::best(), &p, &a, 0, rows, &mut got);
+            let mut deq = vec![0f32; rows * cols];
+            ty.dequantize_row(&data, &mut deq);
+            let exact: Vec<f64> = (0..rows * t)
+                .map(|i| {
+                    let (o, r) = (i / t, i % t);
+                    (0..cols).map(|k| deq[o * cols + k] as f64 * x[r * cols + k] as f64).sum()
+                })
+                .collect();
+            let rms = |v: &[f32]| {
+                (v.iter().zip(&exact).map(|(a, e)| (*a as f64 - e).powi(2)).sum::<f64>() / v.len() as f64).sqrt()
+            };
+            let (ours, theirs) = (rms(&got), rms(&ggml));
+            assert!(ours <= theirs, "Q6_K [{rows}x{cols}]·[{t}]: rms error {ours:.3e} against ggml's {theirs:.3e}");
+        }
+    }
+
     #[test]
     fn packed_rows_dequantize_like_ggml_and_select() {
         let mut rng = Rng::new(5);
         let (rows, cols) = (20, 96); // more than one 16-row group
-        for (ty, layout) in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0]
+        let cases = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0]
             .into_iter()
             .flat_map(|ty| [(ty, Layout::RowPairs), (ty, Layout::Rows16)])
-        {
+            .chain([(GgmlType::Q6_K, Layout::Rows16)]);
+        for (ty, layout) in cases {
+            // Q6_K: super-blocks of 256; its scales rounded to f16 (relative 2⁻¹¹).
+            let (cols, tol) = if ty == GgmlType::Q6_K { (512, 5e-4) } else { (cols, 1e-6) };
             let w = rng.normals(rows * cols, 0.4);
             let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
             let p = Packed::pack_as(ty, rows, cols, &data, layout).expect("every type packs in every layout");
@@ -683,11 +833,7 @@ mod tests {
                     let Some(k) = k else { continue };
                     m.dequant_row(k, &mut b);
                     for (x, y) in a.iter().zip(&b) {
-                        assert!(
-                            (x - y).abs() <= 1e-6 * (1.0 + x.abs()),
-                            "{} {layout:?} row {r}: {x} vs {y}",
-                            ty.name()
-                        );
+                        assert!((x - y).abs() <= tol * (1.0 + x.abs()), "{} {layout:?} row {r}: {x} vs {y}", ty.name());
                     }
                 }
             }

@@ -32,7 +32,7 @@ const GROUP_BLOCK_Q8: usize = ROWS * BLOCK;
 
 /// Bytes of codes per group and block for `kind`.
 fn group_block(kind: Kind) -> usize {
-    if kind == Kind::Q8_0 {
+    if kind.byte_codes() {
         GROUP_BLOCK_Q8
     } else {
         GROUP_BLOCK
@@ -44,7 +44,7 @@ fn group_block(kind: Kind) -> usize {
 #[inline]
 fn code_at(kind: Kind, r: usize, k: usize) -> (usize, u32) {
     let (g, e) = (k / 4, k % 4);
-    if kind == Kind::Q8_0 {
+    if kind.byte_codes() {
         (g * 64 + r * 4 + e, 0)
     } else {
         ((g % 4) * 64 + r * 4 + e, 4 * (g / 4) as u32)
@@ -62,7 +62,7 @@ pub(crate) fn scale_at(nbp: usize, r: usize, b: usize) -> usize {
 pub(crate) fn store_row(p: &mut Packed, r: usize, codes: &[u8], d: &[u16], m: &[u16]) {
     debug_assert_eq!(p.layout, Layout::Rows16);
     let (nbp, gb) = (p.nbp, group_block(p.kind));
-    let mask = if p.kind == Kind::Q8_0 { 0xFF } else { 0x0F };
+    let mask = if p.kind.byte_codes() { 0xFF } else { 0x0F };
     let base = (r / ROWS) * nbp * gb;
     for b in 0..nbp {
         for k in 0..BLOCK {
@@ -71,7 +71,7 @@ pub(crate) fn store_row(p: &mut Packed, r: usize, codes: &[u8], d: &[u16], m: &[
         }
         let i = scale_at(nbp, r, b);
         p.d[i] = d[b];
-        if p.kind == Kind::Q4_1 {
+        if p.kind.has_m() {
             p.m[i] = m[b];
         }
     }
@@ -80,7 +80,7 @@ pub(crate) fn store_row(p: &mut Packed, r: usize, codes: &[u8], d: &[u16], m: &[
 /// Row r's codes in element order (`nbp·32`).
 pub(crate) fn load_codes(p: &Packed, r: usize, codes: &mut [u8]) {
     let gb = group_block(p.kind);
-    let mask = if p.kind == Kind::Q8_0 { 0xFF } else { 0x0F };
+    let mask = if p.kind.byte_codes() { 0xFF } else { 0x0F };
     let base = (r / ROWS) * p.nbp * gb;
     for b in 0..p.nbp {
         for k in 0..BLOCK {
@@ -116,7 +116,7 @@ impl<const C: usize> Operands<C> {
             n,
             q: w.qs.as_ptr().add(g * n * group_block(w.kind)),
             d: w.d.as_ptr().add(g * n * ROWS),
-            m: if w.kind == Kind::Q4_1 { w.m.as_ptr().add(g * n * ROWS) } else { std::ptr::null() },
+            m: if w.kind.has_m() { w.m.as_ptr().add(g * n * ROWS) } else { std::ptr::null() },
             xq: std::array::from_fn(|c| a.qs.as_ptr().add((t0 + c) * n * BLOCK)),
             dx: std::array::from_fn(|c| a.d.as_ptr().add((t0 + c) * n)),
             sx: std::array::from_fn(|c| a.s_for(w.kind, t0 + c).as_ptr()),
@@ -164,17 +164,24 @@ unsafe fn gemm<const VNNI: bool>(w: &Packed, a: &QActs, lo: usize, hi: usize, ou
     debug_assert!(w.layout == Layout::Rows16 && (lo.is_multiple_of(ROWS) || lo >= hi));
     super::tiles(lo, hi, a.t, ROWS, 8, |r0, valid, t0, c| {
         let args = (w, a, r0, t0, valid, r0 - lo, out);
-        if w.kind == Kind::Q8_0 {
-            return match c {
-                8 => x86::tile_q8::<8, VNNI>(args),
-                7 => x86::tile_q8::<7, VNNI>(args),
-                6 => x86::tile_q8::<6, VNNI>(args),
-                5 => x86::tile_q8::<5, VNNI>(args),
-                4 => x86::tile_q8::<4, VNNI>(args),
-                3 => x86::tile_q8::<3, VNNI>(args),
-                2 => x86::tile_q8::<2, VNNI>(args),
-                _ => x86::tile_q8::<1, VNNI>(args),
+        macro_rules! byte_tiles {
+            ($halves:literal) => {
+                match c {
+                    8 => x86::tile_q8::<8, VNNI, $halves>(args),
+                    7 => x86::tile_q8::<7, VNNI, $halves>(args),
+                    6 => x86::tile_q8::<6, VNNI, $halves>(args),
+                    5 => x86::tile_q8::<5, VNNI, $halves>(args),
+                    4 => x86::tile_q8::<4, VNNI, $halves>(args),
+                    3 => x86::tile_q8::<3, VNNI, $halves>(args),
+                    2 => x86::tile_q8::<2, VNNI, $halves>(args),
+                    _ => x86::tile_q8::<1, VNNI, $halves>(args),
+                }
             };
+        }
+        match w.kind {
+            Kind::Q8_0 => return byte_tiles!(false),
+            Kind::Q6K => return byte_tiles!(true),
+            Kind::Q4_0 | Kind::Q4_1 => {}
         }
         match c {
             8 => x86::tile::<8, VNNI>(args),
@@ -201,11 +208,13 @@ pub unsafe fn gemm_avx2(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat
     debug_assert!(w.layout == Layout::Rows16 && (lo.is_multiple_of(ROWS) || lo >= hi));
     super::tiles(lo, hi, a.t, ROWS, 2, |r0, valid, t0, c| {
         let args = (w, a, r0, t0, valid, r0 - lo, out);
-        match (w.kind == Kind::Q8_0, c) {
-            (true, 2) => avx2::tile_q8::<2>(args),
-            (true, _) => avx2::tile_q8::<1>(args),
-            (false, 2) => avx2::tile::<2>(args),
-            (false, _) => avx2::tile::<1>(args),
+        match (w.kind, c) {
+            (Kind::Q8_0, 2) => avx2::tile_q8::<2, false>(args),
+            (Kind::Q8_0, _) => avx2::tile_q8::<1, false>(args),
+            (Kind::Q6K, 2) => avx2::tile_q8::<2, true>(args),
+            (Kind::Q6K, _) => avx2::tile_q8::<1, true>(args),
+            (Kind::Q4_0 | Kind::Q4_1, 2) => avx2::tile::<2>(args),
+            (Kind::Q4_0 | Kind::Q4_1, _) => avx2::tile::<1>(args),
         }
     });
 }
@@ -275,16 +284,19 @@ mod avx2 {
         }
     }
 
-    /// Q8_0: [`super::x86::tile_q8`] without VNNI, on two halves (vpsignb for the sign trick).
+    /// Q8_0 and Q6_K (`HALVES`: a scale per 16 codes): [`super::x86::tile_q8`] without VNNI, on
+    /// two halves (vpsignb for the sign trick).
     #[inline(always)]
-    pub(super) unsafe fn tile_q8<const C: usize>((w, a, r0, t0, valid, orow, out): TileArgs) {
+    pub(super) unsafe fn tile_q8<const C: usize, const HALVES: bool>((w, a, r0, t0, valid, orow, out): TileArgs) {
         let ops = Operands::<C>::new(w, a, r0, t0);
-        let Operands { n, d, xq, dx, .. } = ops;
+        let Operands { n, d, m, xq, dx, .. } = ops;
         let (flip, ones) = (_mm256_set1_epi8(-128), _mm256_set1_epi16(1));
         let mut acc = [[_mm256_setzero_ps(); 2]; C];
         for b in 0..n {
             let qb = ops.block(b, GROUP_BLOCK_Q8);
-            let mut isum = [[_mm256_setzero_si256(); 2]; C];
+            // isum: codes 0..16 of the block under Q6_K (its first scale), else all 32; isum2:
+            // codes 16..32 under Q6_K.
+            let (mut isum, mut isum2) = ([[_mm256_setzero_si256(); 2]; C], [[_mm256_setzero_si256(); 2]; C]);
             for j in 0..8 {
                 // Signed codes; |w| (−128 stays 128 as an unsigned byte) and x·sign(w).
                 let v: [__m256i; 2] = std::array::from_fn(|h| {
@@ -293,19 +305,31 @@ mod avx2 {
                 let mag = v.map(|v| _mm256_abs_epi8(v));
                 for c in 0..C {
                     let x = _mm256_set1_epi32((xq[c].add(b * BLOCK + 4 * j) as *const i32).read_unaligned());
+                    let sum = if HALVES && j >= 4 { &mut isum2[c] } else { &mut isum[c] };
                     for h in 0..2 {
                         let p = _mm256_maddubs_epi16(mag[h], _mm256_sign_epi8(x, v[h]));
-                        isum[c][h] = _mm256_add_epi32(isum[c][h], _mm256_madd_epi16(p, ones));
+                        sum[h] = _mm256_add_epi32(sum[h], _mm256_madd_epi16(p, ones));
                     }
                 }
             }
-            let wd: [__m256; 2] =
-                std::array::from_fn(|h| _mm256_cvtph_ps(_mm_loadu_si128(d.add(b * ROWS + 8 * h) as *const __m128i)));
+            let half =
+                |p: *const u16, h: usize| _mm256_cvtph_ps(_mm_loadu_si128(p.add(b * ROWS + 8 * h) as *const __m128i));
+            let wd = [half(d, 0), half(d, 1)];
             for c in 0..C {
                 let dxb = _mm256_set1_ps(*dx[c].add(b));
                 for h in 0..2 {
                     let t = _mm256_mul_ps(_mm256_cvtepi32_ps(isum[c][h]), dxb);
                     acc[c][h] = _mm256_fmadd_ps(wd[h], t, acc[c][h]);
+                }
+            }
+            if HALVES {
+                let wm = [half(m, 0), half(m, 1)];
+                for c in 0..C {
+                    let dxb = _mm256_set1_ps(*dx[c].add(b));
+                    for h in 0..2 {
+                        let t = _mm256_mul_ps(_mm256_cvtepi32_ps(isum2[c][h]), dxb);
+                        acc[c][h] = _mm256_fmadd_ps(wm[h], t, acc[c][h]);
+                    }
                 }
             }
         }
@@ -390,26 +414,35 @@ mod x86 {
     /// vpmaddubsw widened by vpmaddwd into 32-bit lanes, then `d_w·d_x·dot` per row lane (the codes
     /// are flipped back to signed, so no offset term). With VNNI, vpdpbusd of the stored codes
     /// (code + 128) into two sets of 32-bit lanes, then `d_w·(d_x·dot − 128·s)`.
+    ///
+    /// `HALVES` (Q6_K): the same codes with a scale per 16, `d` for groups 0–3 and `m` for 4–7;
+    /// the two sets of lanes are the two halves, each scaled by its own, and with VNNI offset by
+    /// the activation's half sums (`sx`, two a block).
     #[inline(always)]
-    pub(super) unsafe fn tile_q8<const C: usize, const VNNI: bool>((w, a, r0, t0, valid, orow, out): TileArgs) {
+    pub(super) unsafe fn tile_q8<const C: usize, const VNNI: bool, const HALVES: bool>(
+        (w, a, r0, t0, valid, orow, out): TileArgs,
+    ) {
         let ops = Operands::<C>::new(w, a, r0, t0);
-        let Operands { n, d, xq, dx, sx, .. } = ops;
+        let Operands { n, d, m, xq, dx, sx, .. } = ops;
         let (flip, ones, zero) = (_mm512_set1_epi8(-128), _mm512_set1_epi16(1), _mm512_setzero_si512());
         let mut acc = [_mm512_setzero_ps(); C];
         for b in 0..n {
             let qb = ops.block(b, GROUP_BLOCK_Q8);
             _mm_prefetch::<_MM_HINT_T0>(d.wrapping_add((b + PF_BYTES / GROUP_BLOCK_Q8) * ROWS) as *const i8);
+            if HALVES {
+                _mm_prefetch::<_MM_HINT_T0>(m.wrapping_add((b + PF_BYTES / GROUP_BLOCK_Q8) * ROWS) as *const i8);
+            }
             let (mut isum, mut isum2) = ([_mm512_setzero_si512(); C], [_mm512_setzero_si512(); C]);
             for j in 0..8 {
+                // Which set of lanes group j sums into: alternate (a shorter vpdpbusd chain), or
+                // its half under Q6_K.
+                let second = if HALVES { j >= 4 } else { VNNI && j % 2 == 1 };
                 let u = _mm512_loadu_si512(qb.add(j * 64) as *const _); // code + 128
                 if VNNI {
                     for c in 0..C {
                         let x = _mm512_set1_epi32((xq[c].add(b * BLOCK + 4 * j) as *const i32).read_unaligned());
-                        if j % 2 == 0 {
-                            isum[c] = _mm512_dpbusd_epi32(isum[c], u, x);
-                        } else {
-                            isum2[c] = _mm512_dpbusd_epi32(isum2[c], u, x);
-                        }
+                        let sum = if second { &mut isum2[c] } else { &mut isum[c] };
+                        *sum = _mm512_dpbusd_epi32(*sum, u, x);
                     }
                     continue;
                 }
@@ -418,10 +451,29 @@ mod x86 {
                 for c in 0..C {
                     let x = _mm512_set1_epi32((xq[c].add(b * BLOCK + 4 * j) as *const i32).read_unaligned());
                     let xs = _mm512_mask_sub_epi8(x, neg, zero, x); // x·sign(w)
-                    isum[c] = _mm512_add_epi32(isum[c], _mm512_madd_epi16(_mm512_maddubs_epi16(mag, xs), ones));
+                    let sum = if second { &mut isum2[c] } else { &mut isum[c] };
+                    *sum = _mm512_add_epi32(*sum, _mm512_madd_epi16(_mm512_maddubs_epi16(mag, xs), ones));
                 }
             }
             let wd = _mm512_cvtph_ps(_mm256_loadu_si256(d.add(b * ROWS) as *const __m256i));
+            if HALVES {
+                let wm = _mm512_cvtph_ps(_mm256_loadu_si256(m.add(b * ROWS) as *const __m256i));
+                for c in 0..C {
+                    let dxb = _mm512_set1_ps(*dx[c].add(b));
+                    let (lo, hi) = (_mm512_cvtepi32_ps(isum[c]), _mm512_cvtepi32_ps(isum2[c]));
+                    let (lo, hi) = if VNNI {
+                        (
+                            _mm512_fmadd_ps(lo, dxb, _mm512_set1_ps(-128.0 * *sx[c].add(2 * b))),
+                            _mm512_fmadd_ps(hi, dxb, _mm512_set1_ps(-128.0 * *sx[c].add(2 * b + 1))),
+                        )
+                    } else {
+                        (_mm512_mul_ps(lo, dxb), _mm512_mul_ps(hi, dxb))
+                    };
+                    acc[c] = _mm512_fmadd_ps(wd, lo, acc[c]);
+                    acc[c] = _mm512_fmadd_ps(wm, hi, acc[c]);
+                }
+                continue;
+            }
             for c in 0..C {
                 let dxb = _mm512_set1_ps(*dx[c].add(b));
                 let t = if VNNI {

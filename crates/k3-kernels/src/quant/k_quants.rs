@@ -193,6 +193,24 @@ pub fn q4_k_as_q4_1(b: &[u8]) -> Vec<u8> {
     out
 }
 
+/// One Q6_K super-block as the 16-row tiles take it ([`crate::qgemm::Kind::Q6K`]): its 256
+/// codes q − 32 in element order and, per sub-block of 16, the scale `d·sc` rounded to f16 (the
+/// tiles' scale type; a relative error of at most 2⁻¹¹, as [`q4_k_as_q4_1`]'s). `None` when a
+/// product overflows f16.
+pub fn q6_k_halves(blk: &[u8]) -> Option<([i8; QK], [u16; 16])> {
+    let d = f16_at(&blk[208..210]);
+    let (q, sc) = q6_k_codes(blk);
+    let mut scales = [0u16; 16];
+    for (o, &s) in scales.iter_mut().zip(sc) {
+        let h = half::f16::from_f32(d * s as i8 as f32);
+        if !h.is_finite() {
+            return None;
+        }
+        *o = h.to_bits();
+    }
+    Some((q, scales))
+}
+
 /// ggml `make_qx_quants` with rmse_type 1 (weights x²): signed codes in [−nmax, nmax − 1] stored
 /// offset by nmax; returns the scale.
 fn make_qx(x: &[f32], nmax: i32, l: &mut [u8]) -> f32 {
