@@ -171,6 +171,8 @@ pub fn attend_blocked(
         }
         if f16_kq {
             crate::simd::round_f16_inplace(&mut a);
+        } else {
+            return online_block(o, &a, keys, vc, heads, OnlineBlock { kvh, t0, nq, past, s, scale });
         }
         let mut sc = vec![0f32; rows * s];
         match keys {
@@ -208,6 +210,125 @@ pub fn attend_blocked(
             dst.copy_from_slice(&ob[i * group * dv..(i + 1) * group * dv]);
         }
     });
+}
+
+/// Where one task of [`attend_blocked`] works: KV head, first query and query count of its
+/// block, cached positions before the prompt, positions the block's last query sees, 1/√dk.
+#[derive(Clone, Copy)]
+struct OnlineBlock {
+    kvh: usize,
+    t0: usize,
+    nq: usize,
+    past: usize,
+    s: usize,
+    scale: f32,
+}
+
+/// Positions per key tile of [`online_block`]: a tile's scores for a 128-row block (128 KiB) stay
+/// in L2 between the product that writes them and the one that reads them.
+const KEY_TILE: usize = 256;
+
+/// One block of [`attend_blocked`] in one pass over the keys (flash attention's online softmax):
+/// per tile of [`KEY_TILE`] positions, the scores `A·Kᵀ` [rows, tile], each row's running
+/// maximum m and sum l of `e^(scale·score − m)` (the output and l rescaled by `e^(m_old − m_new)`
+/// when m grows), and the tile's probabilities times its values added to the output; divided by
+/// l at the end. The same arithmetic as the two-pass softmax up to the rounding of the rescales;
+/// never holds a row of all S scores (at 4K positions a 128-row block's was 2 MiB, past L2).
+///
+/// # Shapes
+/// a: [rows = nq·G, dk] (row i·G + g: query t0 + i, head kvh·G + g); out: [T, Hq, dv], of which
+/// this block writes queries t0..t0 + nq, heads kvh·G..(kvh + 1)·G
+fn online_block(out: OutPtr, a: &[f32], keys: Keys, vc: Rows, heads: Heads, blk: OnlineBlock) {
+    let Heads { hq, hkv, dk, dv } = heads;
+    let OnlineBlock { kvh, t0, nq, past, s, scale } = blk;
+    let group = hq / hkv;
+    let rows = nq * group;
+    let mut sc = vec![0f32; rows * KEY_TILE];
+    let mut ob = vec![0f32; rows * dv];
+    let (mut mx, mut l) = (vec![f32::NEG_INFINITY; rows], vec![0f32; rows]);
+    for j0 in (0..s).step_by(KEY_TILE) {
+        let nb = KEY_TILE.min(s - j0);
+        sc.fill(0.0);
+        match keys {
+            Keys::Rows(Rows::F32(kc)) => crate::simd::matmul_nt_acc(
+                &mut sc,
+                KEY_TILE,
+                a,
+                dk,
+                &kc[(j0 * hkv + kvh) * dk..],
+                hkv * dk,
+                rows,
+                dk,
+                nb,
+            ),
+            Keys::Rows(Rows::F16(kc)) => crate::simd::matmul_nt_acc(
+                &mut sc,
+                KEY_TILE,
+                a,
+                dk,
+                &kc[(j0 * hkv + kvh) * dk..],
+                hkv * dk,
+                rows,
+                dk,
+                nb,
+            ),
+            Keys::Columns { data, n } => {
+                crate::simd::matmul_acc_strided(&mut sc, KEY_TILE, a, dk, &data[kvh * dk * n + j0..], n, rows, dk, nb)
+            }
+        }
+        for (i, row) in sc.chunks_exact_mut(KEY_TILE).enumerate() {
+            // Positions of this tile that row i's query sees (causal).
+            let vis = (past + t0 + i / group + 1).saturating_sub(j0).min(nb);
+            if vis == 0 {
+                row.fill(0.0);
+                continue;
+            }
+            let m_tile = row[..vis].iter().copied().fold(f32::NEG_INFINITY, f32::max) * scale;
+            if m_tile > mx[i] {
+                let alpha = crate::ops::exp_fast(mx[i] - m_tile); // 0 on the first tile
+                ob[i * dv..(i + 1) * dv].iter_mut().for_each(|x| *x *= alpha);
+                l[i] *= alpha;
+                mx[i] = m_tile;
+            }
+            l[i] += crate::ops::exp_shifted_sum(&mut row[..vis], scale, mx[i]);
+            row[vis..].fill(0.0);
+        }
+        match vc {
+            Rows::F32(v) => crate::simd::matmul_acc_strided(
+                &mut ob,
+                dv,
+                &sc,
+                KEY_TILE,
+                &v[(j0 * hkv + kvh) * dv..],
+                hkv * dv,
+                rows,
+                nb,
+                dv,
+            ),
+            Rows::F16(v) => crate::simd::matmul_acc_strided(
+                &mut ob,
+                dv,
+                &sc,
+                KEY_TILE,
+                &v[(j0 * hkv + kvh) * dv..],
+                hkv * dv,
+                rows,
+                nb,
+                dv,
+            ),
+        }
+    }
+    for i in 0..nq {
+        for g in 0..group {
+            let r = i * group + g;
+            let inv = 1.0 / l[r];
+            // SAFETY: query t0 + i's head kvh·G + g belongs to this block (its caller's task) alone.
+            let dst = unsafe { out.slice(((t0 + i) * hq + kvh * group + g) * dv, dv) };
+            for (d, &x) in dst.iter_mut().zip(&ob[r * dv..(r + 1) * dv]) {
+                *d = x * inv;
+            }
+        }
+    }
 }
 
 /// [`gqa_attend_ref`]'s arithmetic with the (query, head) pairs spread over `threads`.

@@ -165,7 +165,8 @@ impl QActs {
     }
 
     /// The s array a weight kind pairs with, row t: per block (`nbp`), or for Q6_K per half
-    /// block (`2·nbp`).
+    /// block (`2·nbp`). Inlined: every tile asks once per token.
+    #[inline(always)]
     pub(crate) fn s_for(&self, kind: Kind, t: usize) -> &[f32] {
         match kind {
             Kind::Q4_1 => &self.s16[t * self.nbp..(t + 1) * self.nbp],
