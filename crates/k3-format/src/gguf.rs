@@ -349,6 +349,20 @@ impl GgufFile {
         Ok((ty, t, &self.mmap[start..start + bytes]))
     }
 
+    /// Let the kernel drop this process's mapped pages of a tensor that the caller has copied out
+    /// (the engine repacks every weight at load), so that the file's pages do not add to the
+    /// loader's peak memory on top of the repacked copy; a later read faults them back in from
+    /// the file. Best effort: an unknown name or a refused madvise changes nothing.
+    pub fn release(&self, name: &str) {
+        let Ok((_, _, bytes)) = self.tensor_data(name) else { return };
+        let start = bytes.as_ptr() as usize - self.mmap.as_ptr() as usize;
+        // SAFETY: the mapping is read-only and file-backed (`Mmap::map`), so its pages are never
+        // modified: MADV_DONTNEED only drops them, and any later access (through any live slice)
+        // reads the same bytes from the file again.
+        #[cfg(unix)]
+        let _ = unsafe { self.mmap.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, bytes.len()) };
+    }
+
     /// A whole tensor dequantized to f32 (PyTorch order, i.e. row-major over `shape()`).
     pub fn tensor_f32(&self, name: &str) -> Result<Vec<f32>> {
         let (ty, t, bytes) = self.tensor_data(name)?;

@@ -354,8 +354,8 @@ mod tests {
         for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_0] {
             let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
             let m = Matrix::new(rows, cols, ty, data.clone());
-            // Q6_K takes tiles in the 16-row layout only (row dots where the CPU's is row pairs).
-            let tiles = ty != GgmlType::Q6_K || k3_kernels::qgemm::Layout::best() == k3_kernels::qgemm::Layout::Rows16;
+            // Q6_K takes 16-row tiles wherever their SIMD kernels run (row dots elsewhere).
+            let tiles = ty != GgmlType::Q6_K || k3_kernels::qgemm::rows16_simd();
             assert_eq!(m.packed.is_some(), tiles, "{}: packed", ty.name());
             let mut deq = vec![0f32; rows * cols];
             ty.dequantize_row(&data, &mut deq);

@@ -101,7 +101,9 @@ impl Source {
                 info.ne
             )));
         }
-        Ok(Matrix::new(rows, cols, ty, bytes.to_vec()))
+        let m = Matrix::new(rows, cols, ty, bytes.to_vec());
+        file.release(name);
+        Ok(m)
     }
 
     fn gguf_f32(&self, name: &str, n: usize) -> Result<Vec<f32>> {

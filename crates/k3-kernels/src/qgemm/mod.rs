@@ -188,6 +188,12 @@ impl Layout {
     }
 }
 
+/// Whether a SIMD kernel for the 16-row layout runs on this CPU under the chosen ISA (AVX-512, or
+/// AVX2 with F16C); else only the scalar loops read it.
+pub fn rows16_simd() -> bool {
+    Isa::best() >= Isa::Avx512 || (Isa::best() == Isa::Avx2 && rows16_avx2())
+}
+
 /// Whether the 16-row AVX2 kernels can run: AVX2 + FMA ([`Isa::Avx2`]) and F16C for the scales.
 fn rows16_avx2() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -218,9 +224,15 @@ impl Packed {
     /// f16, 5 bits a weight instead of 4.5), Q5_0 rows as the Q8_0 blocks they equal exactly
     /// (`q5_0::as_q8_0`), so both take tiles instead of one row dot per token. Q6_K rows enter
     /// the 16-row layout as bytes with a scale per 16 codes ([`Kind::Q6K`], scales rounded to f16:
-    /// 9 bits a weight instead of 6.56); in row pairs they stay on row dots (`None`).
+    /// 9 bits a weight instead of 6.56), which has no row-pair form: they take that layout
+    /// wherever its SIMD kernels run, also on CPUs whose other matrices are in row pairs (AMX
+    /// hosts, `K3MINI_LAYOUT=rowpairs`), and stay on row dots (`None`) elsewhere.
     pub fn pack(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Option<Packed> {
-        Self::pack_as(ty, rows, cols, data, Layout::best())
+        let layout = match ty {
+            GgmlType::Q6_K if rows16_simd() => Layout::Rows16,
+            _ => Layout::best(),
+        };
+        Self::pack_as(ty, rows, cols, data, layout)
     }
 
     fn kind_of(ty: GgmlType) -> Option<Kind> {
