@@ -341,8 +341,8 @@ mod tests {
         }
     }
 
-    /// Q4_K (repacked as Q4_1 tiles), Q6_K (16-row tiles with a scale per 16 codes) and Q5_0
-    /// (repacked as Q8_0): the quantized product
+    /// Q4_K (repacked as Q4_1 tiles), Q5_K and Q5_1 (byte-code tiles with a min), Q6_K (16-row
+    /// tiles with a scale per 16 codes) and Q5_0 (repacked as Q8_0): the quantized product
     /// against the f64 dot of the file's own dequantized rows (for Q4_K that also bounds the f16
     /// rounding of the repacked scales).
     #[test]
@@ -351,11 +351,13 @@ mod tests {
         let (rows, cols, t) = (21, 512, 3);
         let w = rng.normals(rows * cols, 0.5);
         let x = rng.normals(t * cols, 1.0);
-        for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_0] {
+        for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q5_0, GgmlType::Q5_1] {
             let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
             let m = Matrix::new(rows, cols, ty, data.clone());
-            // Q6_K takes 16-row tiles wherever their SIMD kernels run (row dots elsewhere).
-            let tiles = ty != GgmlType::Q6_K || k3_kernels::qgemm::rows16_simd();
+            // Q5_K, Q5_1 and Q6_K take 16-row tiles wherever their SIMD kernels run (row dots
+            // elsewhere).
+            let only16 = matches!(ty, GgmlType::Q5_K | GgmlType::Q5_1 | GgmlType::Q6_K);
+            let tiles = !only16 || k3_kernels::qgemm::rows16_simd();
             assert_eq!(m.packed.is_some(), tiles, "{}: packed", ty.name());
             let mut deq = vec![0f32; rows * cols];
             ty.dequantize_row(&data, &mut deq);

@@ -29,6 +29,8 @@ pub enum QuantType {
     Q4_1,
     /// Q4_K everywhere it fits, the head in Q6_K (llama.cpp's Q4_K_S).
     Q4_K,
+    /// Q5_K everywhere it fits, the head in Q6_K (llama.cpp's Q5_K_S).
+    Q5_K,
     Q6_K,
 }
 
@@ -41,10 +43,11 @@ impl QuantType {
             "q4_0" => QuantType::Q4_0,
             "q4_1" => QuantType::Q4_1,
             "q4_k" | "q4_k_s" => QuantType::Q4_K,
+            "q5_k" | "q5_k_s" => QuantType::Q5_K,
             "q6_k" => QuantType::Q6_K,
             other => {
                 return Err(Error::Invalid(format!(
-                    "--type `{other}` is not supported; allowed: f32, f16, q8_0, q4_0, q4_1, q4_k, q6_k"
+                    "--type `{other}` is not supported; allowed: f32, f16, q8_0, q4_0, q4_1, q4_k, q5_k, q6_k"
                 )))
             }
         })
@@ -58,6 +61,7 @@ impl QuantType {
             QuantType::Q4_0 => GgmlType::Q4_0,
             QuantType::Q4_1 => GgmlType::Q4_1,
             QuantType::Q4_K => GgmlType::Q4_K,
+            QuantType::Q5_K => GgmlType::Q5_K,
             QuantType::Q6_K => GgmlType::Q6_K,
         }
     }
@@ -66,7 +70,7 @@ impl QuantType {
     fn head(self) -> GgmlType {
         match self {
             QuantType::Q4_0 | QuantType::Q4_1 => GgmlType::Q8_0,
-            QuantType::Q4_K => GgmlType::Q6_K,
+            QuantType::Q4_K | QuantType::Q5_K => GgmlType::Q6_K,
             other => other.ggml(),
         }
     }
@@ -80,6 +84,7 @@ impl QuantType {
             QuantType::Q4_1 => 3,
             QuantType::Q8_0 => 7,
             QuantType::Q4_K => 14,
+            QuantType::Q5_K => 16,
             QuantType::Q6_K => 18,
         }
     }

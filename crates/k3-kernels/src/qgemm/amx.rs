@@ -232,7 +232,9 @@ unsafe fn unpack_rows(
                     _mm256_storeu_si256(dst(b), _mm256_xor_si256(v, _mm256_set1_epi8(-128)));
                 }
             }
-            Kind::Q6K => unreachable!("Q6_K tiles exist only in 16-row groups (gemm_rows_out checks)"),
+            Kind::Q6K | Kind::Q5K | Kind::Q5_1 => {
+                unreachable!("Q5 / Q6_K tiles exist only in 16-row groups (gemm_rows_out checks)")
+            }
             Kind::Q4_0 | Kind::Q4_1 => {
                 let (m4, off) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(if w.kind == Kind::Q4_0 { 8 } else { 0 }));
                 for p in 0..n / 2 {

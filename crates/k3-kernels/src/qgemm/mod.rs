@@ -141,17 +141,24 @@ pub enum Kind {
     /// codes: `d` holds each block's first-half scale and `m` its second-half one (f16 of Q6_K's
     /// d·sc). Only in [`Layout::Rows16`]; its offsets pair with the activations' half sums.
     Q6K,
+    /// Q5_K's 5-bit codes at a byte each, as they are (0..31), with Q4_1's arithmetic: value
+    /// `u·d + m`, `d` and `m` f16 of the sub-block's d·sc and −dmin·m, offsets from the exact
+    /// activation sums (ggml's Q8_K sums are exact). Only in [`Layout::Rows16`].
+    Q5K,
+    /// Q5_1 in [`Kind::Q5K`]'s tiles, exactly (its own f16 scale and min), the offsets from the
+    /// f16-rounded activation sums as its Q8_1 partner rounds them.
+    Q5_1,
 }
 
 impl Kind {
     /// A byte a code (Q8_0, Q6_K), not a nibble.
     pub(crate) fn byte_codes(self) -> bool {
-        matches!(self, Kind::Q8_0 | Kind::Q6K)
+        matches!(self, Kind::Q8_0 | Kind::Q6K | Kind::Q5K | Kind::Q5_1)
     }
 
-    /// Whether `m` holds a second scale array (Q4_1's mins, Q6_K's second-half scales).
+    /// Whether `m` holds a second array (Q4_1's and Q5_K's mins, Q6_K's second-half scales).
     pub(crate) fn has_m(self) -> bool {
-        matches!(self, Kind::Q4_1 | Kind::Q6K)
+        matches!(self, Kind::Q4_1 | Kind::Q6K | Kind::Q5K | Kind::Q5_1)
     }
 }
 
@@ -229,7 +236,7 @@ impl Packed {
     /// hosts, `K3MINI_LAYOUT=rowpairs`), and stay on row dots (`None`) elsewhere.
     pub fn pack(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Option<Packed> {
         let layout = match ty {
-            GgmlType::Q6_K if rows16_simd() => Layout::Rows16,
+            GgmlType::Q5_1 | GgmlType::Q5_K | GgmlType::Q6_K if rows16_simd() => Layout::Rows16,
             _ => Layout::best(),
         };
         Self::pack_as(ty, rows, cols, data, layout)
@@ -255,6 +262,8 @@ impl Packed {
                 return Self::pack_as(GgmlType::Q8_0, rows, cols, &crate::quant::q5_0::as_q8_0(data), layout)
             }
             GgmlType::Q6_K => return Self::pack_q6_k(rows, cols, data, layout),
+            GgmlType::Q5_K => return Self::pack_q5_k(rows, cols, data, layout),
+            GgmlType::Q5_1 => return Self::pack_q5_1(rows, cols, data, layout),
             _ => {}
         }
         let kind = Self::kind_of(ty)?;
@@ -265,7 +274,7 @@ impl Packed {
         let (bb, off) = match kind {
             Kind::Q4_0 => (18, 2),
             Kind::Q4_1 => (20, 4),
-            Kind::Q8_0 | Kind::Q6K => (34, 2),
+            Kind::Q8_0 | Kind::Q6K | Kind::Q5K | Kind::Q5_1 => (34, 2),
         };
         let row_bytes = nb * bb;
         debug_assert_eq!(data.len(), rows * row_bytes);
@@ -321,7 +330,47 @@ impl Packed {
         }))
     }
 
-    /// Build from rows given as unsigned codes (`nbp·32`, Q8 and Q6_K as code + 128), f16 scales
+    /// Q5_K rows (`cols` a multiple of 256) as [`Kind::Q5K`] in the 16-row layout; `None` in row
+    /// pairs, or when a scale or min overflows f16.
+    fn pack_q5_k(rows: usize, cols: usize, data: &[u8], layout: Layout) -> Option<Packed> {
+        use crate::quant::k_quants::{q5_k_blocks, Q5K_BYTES, QK};
+        if layout != Layout::Rows16 || !cols.is_multiple_of(QK) {
+            return None;
+        }
+        debug_assert_eq!(data.len(), rows * cols / QK * Q5K_BYTES);
+        if data.chunks_exact(Q5K_BYTES).any(|blk| q5_k_blocks(blk).is_none()) {
+            return None;
+        }
+        Some(Self::from_rows(Kind::Q5K, layout, rows, cols, |r, codes, d, m| {
+            let row = &data[r * cols / QK * Q5K_BYTES..(r + 1) * cols / QK * Q5K_BYTES];
+            for (k, blk) in row.chunks_exact(Q5K_BYTES).enumerate() {
+                let (q, sc, mn) = q5_k_blocks(blk).expect("checked above");
+                codes[k * QK..(k + 1) * QK].copy_from_slice(&q);
+                d[k * 8..(k + 1) * 8].copy_from_slice(&sc);
+                m[k * 8..(k + 1) * 8].copy_from_slice(&mn);
+            }
+        }))
+    }
+
+    /// Q5_1 rows as [`Kind::Q5_1`] in the 16-row layout, exactly (its f16 scale and min, codes
+    /// 0..31); `None` in row pairs.
+    fn pack_q5_1(rows: usize, cols: usize, data: &[u8], layout: Layout) -> Option<Packed> {
+        use crate::quant::q5_1::{codes, BYTES};
+        if layout != Layout::Rows16 || !cols.is_multiple_of(BLOCK) {
+            return None;
+        }
+        let nb = cols / BLOCK;
+        debug_assert_eq!(data.len(), rows * nb * BYTES);
+        Some(Self::from_rows(Kind::Q5_1, layout, rows, cols, |r, c, d, m| {
+            for (b, blk) in data[r * nb * BYTES..(r + 1) * nb * BYTES].chunks_exact(BYTES).enumerate() {
+                c[b * BLOCK..(b + 1) * BLOCK].copy_from_slice(&codes(blk));
+                d[b] = u16::from_le_bytes([blk[0], blk[1]]);
+                m[b] = u16::from_le_bytes([blk[2], blk[3]]);
+            }
+        }))
+    }
+
+    /// Build from rows given as unsigned codes (`nbp·32`, Q8 and Q6_K as code + 128, Q5_K as is), f16 scales
     /// and mins or second-half scales (`nbp` each); `row` fills them for row r (pad blocks are
     /// left zero, byte codes 128).
     fn from_rows(
@@ -357,7 +406,7 @@ impl Packed {
                 Layout::RowPairs => {
                     let out = &mut p.qs[r * per_row..(r + 1) * per_row];
                     match kind {
-                        Kind::Q8_0 | Kind::Q6K => out.copy_from_slice(&codes),
+                        Kind::Q8_0 | Kind::Q6K | Kind::Q5K | Kind::Q5_1 => out.copy_from_slice(&codes),
                         Kind::Q4_0 | Kind::Q4_1 => {
                             for q in 0..nbp / 2 {
                                 for j in 0..BLOCK {
@@ -384,7 +433,7 @@ impl Packed {
             Layout::RowPairs => {
                 let q = &self.qs[r * self.row_qs()..(r + 1) * self.row_qs()];
                 match self.kind {
-                    Kind::Q8_0 | Kind::Q6K => codes.copy_from_slice(q),
+                    Kind::Q8_0 | Kind::Q6K | Kind::Q5K | Kind::Q5_1 => codes.copy_from_slice(q),
                     Kind::Q4_0 | Kind::Q4_1 => {
                         for p in 0..self.nbp / 2 {
                             for j in 0..BLOCK {
@@ -466,7 +515,7 @@ impl Packed {
             mu[b] = match self.kind {
                 Kind::Q4_0 => -8.0 * d,
                 Kind::Q8_0 => -128.0 * d,
-                Kind::Q4_1 => half::f16::from_bits(self.m[i]).to_f32(),
+                Kind::Q4_1 | Kind::Q5K | Kind::Q5_1 => half::f16::from_bits(self.m[i]).to_f32(),
                 Kind::Q6K => unreachable!("Q6_K's scales change every 16 codes: half_scales"),
             };
         }
@@ -570,7 +619,10 @@ pub unsafe fn gemm_rows_out(isa: Isa, w: &Packed, a: &QActs, lo: usize, hi: usiz
         "activations shorter than their T × nbp blocks"
     );
     assert_eq!(w.nbp, a.nbp, "weight and activation widths differ");
-    assert!(w.kind != Kind::Q6K || w.layout == Layout::Rows16, "Q6_K tiles exist only in 16-row groups");
+    assert!(
+        !matches!(w.kind, Kind::Q6K | Kind::Q5K | Kind::Q5_1) || w.layout == Layout::Rows16,
+        "Q5 / Q6_K tiles exist only in 16-row groups"
+    );
     assert!(hi <= w.rows && lo <= hi);
     assert!(
         lo.is_multiple_of(w.row_align()) || lo == hi,
@@ -692,7 +744,8 @@ mod tests {
     fn every_isa_matches_ggml_vec_dot() {
         eprintln!("paths on this CPU: {:?}", Isa::available());
         let mut rng = Rng::new(17);
-        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        // Q5_1 takes the Q5_K tiles (16-row layout only).
+        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_1] {
             for &(rows, cols, t) in &[
                 (1, 32, 1),
                 (7, 96, 3),
@@ -754,69 +807,93 @@ mod tests {
         }
     }
 
-    /// Q6_K in the 16-row layout, on every path this CPU has (the scalar loops included), against
-    /// the product written out from ggml's own codes and scales (`q6_k_halves`: d·sc rounded to
-    /// f16, the tiles' one approximation) and the activations' 8-bit codes; and, within that
-    /// rounding and the activations', against ggml's `vec_dot_q6_K_q8_K`.
+    /// Q6_K and Q5_K in the 16-row layout, on every path this CPU has (the scalar loops
+    /// included), against the product written out from ggml's own codes and scales
+    /// (`q6_k_halves`, `q5_k_blocks`: the scales and mins rounded to f16, the tiles' one
+    /// approximation) and the activations' 8-bit codes; and against ggml's `vec_dot_q*_K_q8_K`:
+    /// measured from the exact product of the file's dequantized rows, the tiles' error is no
+    /// larger than ggml's (whose activations are rounded per 256, ours per 32).
     #[test]
-    fn q6_k_tiles_match_ggml_codes_and_scales() {
-        use crate::quant::k_quants::{q6_k_halves, Q6K_BYTES, QK};
+    fn k_quant_tiles_match_ggml_codes_and_scales() {
+        use crate::quant::k_quants::{q5_k_blocks, q6_k_halves, QK};
+        let f = |bits: u16| half::f16::from_bits(bits).to_f32() as f64;
         let mut rng = Rng::new(23);
-        for &(rows, cols, t) in &[(16, 256, 1), (21, 512, 3), (40, 768, 9), (17, 256, 17)] {
-            let w = rng.normals(rows * cols, 0.4);
-            let x = rng.normals(t * cols, 1.5);
-            let ty = GgmlType::Q6_K;
-            let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
-            assert!(Packed::pack_as(ty, rows, cols, &data, Layout::RowPairs).is_none(), "Q6_K has no row-pair tiles");
-            let p = Packed::pack_as(ty, rows, cols, &data, Layout::Rows16).expect("Q6_K packs in 16-row groups");
-            assert_eq!(p.kind, Kind::Q6K);
-            let a = QActs::quantize(&x, t, cols);
-            let mut want = vec![0f64; rows * t];
-            for o in 0..rows {
-                let row = &data[o * cols / QK * Q6K_BYTES..(o + 1) * cols / QK * Q6K_BYTES];
-                for (k, blk) in row.chunks_exact(Q6K_BYTES).enumerate() {
-                    let (q, sc) = q6_k_halves(blk).expect("finite scales");
-                    for r in 0..t {
-                        let (xq, dx) = a.row(r);
-                        for g in 0..16 {
-                            let e0 = k * QK + 16 * g;
-                            let isum: i32 = (0..16).map(|i| q[16 * g + i] as i32 * xq[e0 + i] as i32).sum();
-                            let scale = half::f16::from_bits(sc[g]).to_f32() as f64;
-                            want[o * t + r] += scale * dx[e0 / BLOCK] as f64 * isum as f64;
+        for ty in [GgmlType::Q6_K, GgmlType::Q5_K] {
+            for &(rows, cols, t) in &[(16, 256, 1), (21, 512, 3), (40, 768, 9), (17, 256, 17)] {
+                let w = rng.normals(rows * cols, 0.4);
+                let x = rng.normals(t * cols, 1.5);
+                let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
+                let name = ty.name();
+                assert!(
+                    Packed::pack_as(ty, rows, cols, &data, Layout::RowPairs).is_none(),
+                    "{name}: no row-pair tiles"
+                );
+                let p = Packed::pack_as(ty, rows, cols, &data, Layout::Rows16).expect("packs in 16-row groups");
+                assert_eq!(p.kind, if ty == GgmlType::Q6_K { Kind::Q6K } else { Kind::Q5K });
+                let a = QActs::quantize(&x, t, cols);
+                let bb = ty.block_bytes();
+                let mut want = vec![0f64; rows * t];
+                for o in 0..rows {
+                    let row = &data[o * cols / QK * bb..(o + 1) * cols / QK * bb];
+                    for (k, blk) in row.chunks_exact(bb).enumerate() {
+                        for r in 0..t {
+                            let (xq, dx) = a.row(r);
+                            let xs = &xq[k * QK..(k + 1) * QK];
+                            let dxs = &dx[k * 8..(k + 1) * 8];
+                            want[o * t + r] += if ty == GgmlType::Q6_K {
+                                let (q, sc) = q6_k_halves(blk).expect("finite scales");
+                                (0..16)
+                                    .map(|g| {
+                                        let isum: i32 =
+                                            (0..16).map(|i| q[16 * g + i] as i32 * xs[16 * g + i] as i32).sum();
+                                        f(sc[g]) * dxs[g / 2] as f64 * isum as f64
+                                    })
+                                    .sum::<f64>()
+                            } else {
+                                let (q, sc, mn) = q5_k_blocks(blk).expect("finite scales");
+                                (0..8)
+                                    .map(|j| {
+                                        let isum: i32 =
+                                            (0..32).map(|i| q[32 * j + i] as i32 * xs[32 * j + i] as i32).sum();
+                                        let xsum: i32 = xs[32 * j..32 * (j + 1)].iter().map(|&v| v as i32).sum();
+                                        dxs[j] as f64 * (f(sc[j]) * isum as f64 + f(mn[j]) * xsum as f64)
+                                    })
+                                    .sum::<f64>()
+                            };
                         }
                     }
                 }
-            }
-            for isa in Isa::available() {
-                let mut got = vec![0f32; rows * t];
-                gemm_rows(isa, &p, &a, 0, rows, &mut got);
-                for (i, (g, e)) in got.iter().zip(&want).enumerate() {
-                    assert!(
-                        (*g as f64 - e).abs() <= 2e-5 * (1.0 + e.abs()) * (cols as f64 / 32.0).sqrt(),
-                        "Q6_K {} [{rows}x{cols}]·[{t}] elem {i}: {g} vs {e}",
-                        isa.name()
-                    );
+                for isa in Isa::available() {
+                    let mut got = vec![0f32; rows * t];
+                    gemm_rows(isa, &p, &a, 0, rows, &mut got);
+                    for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            (*g as f64 - e).abs() <= 2e-5 * (1.0 + e.abs()) * (cols as f64 / 32.0).sqrt(),
+                            "{name} {} [{rows}x{cols}]·[{t}] elem {i}: {g} vs {e}",
+                            isa.name()
+                        );
+                    }
                 }
+                let ggml = gemm_ref(ty, &data, rows, cols, &x, t);
+                let mut got = vec![0f32; rows * t];
+                gemm_rows(Isa::best(), &p, &a, 0, rows, &mut got);
+                let mut deq = vec![0f32; rows * cols];
+                ty.dequantize_row(&data, &mut deq);
+                let exact: Vec<f64> = (0..rows * t)
+                    .map(|i| {
+                        let (o, r) = (i / t, i % t);
+                        (0..cols).map(|k| deq[o * cols + k] as f64 * x[r * cols + k] as f64).sum()
+                    })
+                    .collect();
+                let rms = |v: &[f32]| {
+                    (v.iter().zip(&exact).map(|(a, e)| (*a as f64 - e).powi(2)).sum::<f64>() / v.len() as f64).sqrt()
+                };
+                let (ours, theirs) = (rms(&got), rms(&ggml));
+                assert!(
+                    ours <= theirs,
+                    "{name} [{rows}x{cols}]·[{t}]: rms error {ours:.3e} against ggml's {theirs:.3e}"
+                );
             }
-            // ggml's own product rounds the activations per 256 (Q8_K), the tiles per 32: against
-            // the exact product of the file's dequantized rows, the tiles' error (f16 scales
-            // included) is no larger than ggml's.
-            let ggml = gemm_ref(ty, &data, rows, cols, &x, t);
-            let mut got = vec![0f32; rows * t];
-            gemm_rows(Isa::best(), &p, &a, 0, rows, &mut got);
-            let mut deq = vec![0f32; rows * cols];
-            ty.dequantize_row(&data, &mut deq);
-            let exact: Vec<f64> = (0..rows * t)
-                .map(|i| {
-                    let (o, r) = (i / t, i % t);
-                    (0..cols).map(|k| deq[o * cols + k] as f64 * x[r * cols + k] as f64).sum()
-                })
-                .collect();
-            let rms = |v: &[f32]| {
-                (v.iter().zip(&exact).map(|(a, e)| (*a as f64 - e).powi(2)).sum::<f64>() / v.len() as f64).sqrt()
-            };
-            let (ours, theirs) = (rms(&got), rms(&ggml));
-            assert!(ours <= theirs, "Q6_K [{rows}x{cols}]·[{t}]: rms error {ours:.3e} against ggml's {theirs:.3e}");
         }
     }
 
@@ -827,10 +904,15 @@ mod tests {
         let cases = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0]
             .into_iter()
             .flat_map(|ty| [(ty, Layout::RowPairs), (ty, Layout::Rows16)])
-            .chain([(GgmlType::Q6_K, Layout::Rows16)]);
+            .chain([
+                (GgmlType::Q6_K, Layout::Rows16),
+                (GgmlType::Q5_K, Layout::Rows16),
+                (GgmlType::Q5_1, Layout::Rows16),
+            ]);
         for (ty, layout) in cases {
-            // Q6_K: super-blocks of 256; its scales rounded to f16 (relative 2⁻¹¹).
-            let (cols, tol) = if ty == GgmlType::Q6_K { (512, 5e-4) } else { (cols, 1e-6) };
+            // K-quants: super-blocks of 256; scales and mins rounded to f16 (each term off by at
+            // most 2⁻¹¹ of itself; code·scale and min reach ~1.6 here and can cancel).
+            let (cols, tol) = if ty.block_elems() == 256 { (512, 2e-3) } else { (cols, 1e-6) };
             let w = rng.normals(rows * cols, 0.4);
             let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
             let p = Packed::pack_as(ty, rows, cols, &data, layout).expect("every type packs in every layout");

@@ -165,22 +165,23 @@ unsafe fn gemm<const VNNI: bool>(w: &Packed, a: &QActs, lo: usize, hi: usize, ou
     super::tiles(lo, hi, a.t, ROWS, 8, |r0, valid, t0, c| {
         let args = (w, a, r0, t0, valid, r0 - lo, out);
         macro_rules! byte_tiles {
-            ($halves:literal) => {
+            ($halves:literal, $min:literal) => {
                 match c {
-                    8 => x86::tile_q8::<8, VNNI, $halves>(args),
-                    7 => x86::tile_q8::<7, VNNI, $halves>(args),
-                    6 => x86::tile_q8::<6, VNNI, $halves>(args),
-                    5 => x86::tile_q8::<5, VNNI, $halves>(args),
-                    4 => x86::tile_q8::<4, VNNI, $halves>(args),
-                    3 => x86::tile_q8::<3, VNNI, $halves>(args),
-                    2 => x86::tile_q8::<2, VNNI, $halves>(args),
-                    _ => x86::tile_q8::<1, VNNI, $halves>(args),
+                    8 => x86::tile_q8::<8, VNNI, $halves, $min>(args),
+                    7 => x86::tile_q8::<7, VNNI, $halves, $min>(args),
+                    6 => x86::tile_q8::<6, VNNI, $halves, $min>(args),
+                    5 => x86::tile_q8::<5, VNNI, $halves, $min>(args),
+                    4 => x86::tile_q8::<4, VNNI, $halves, $min>(args),
+                    3 => x86::tile_q8::<3, VNNI, $halves, $min>(args),
+                    2 => x86::tile_q8::<2, VNNI, $halves, $min>(args),
+                    _ => x86::tile_q8::<1, VNNI, $halves, $min>(args),
                 }
             };
         }
         match w.kind {
-            Kind::Q8_0 => return byte_tiles!(false),
-            Kind::Q6K => return byte_tiles!(true),
+            Kind::Q8_0 => return byte_tiles!(false, false),
+            Kind::Q6K => return byte_tiles!(true, false),
+            Kind::Q5K | Kind::Q5_1 => return byte_tiles!(false, true),
             Kind::Q4_0 | Kind::Q4_1 => {}
         }
         match c {
@@ -209,10 +210,12 @@ pub unsafe fn gemm_avx2(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat
     super::tiles(lo, hi, a.t, ROWS, 2, |r0, valid, t0, c| {
         let args = (w, a, r0, t0, valid, r0 - lo, out);
         match (w.kind, c) {
-            (Kind::Q8_0, 2) => avx2::tile_q8::<2, false>(args),
-            (Kind::Q8_0, _) => avx2::tile_q8::<1, false>(args),
-            (Kind::Q6K, 2) => avx2::tile_q8::<2, true>(args),
-            (Kind::Q6K, _) => avx2::tile_q8::<1, true>(args),
+            (Kind::Q8_0, 2) => avx2::tile_q8::<2, false, false>(args),
+            (Kind::Q8_0, _) => avx2::tile_q8::<1, false, false>(args),
+            (Kind::Q6K, 2) => avx2::tile_q8::<2, true, false>(args),
+            (Kind::Q6K, _) => avx2::tile_q8::<1, true, false>(args),
+            (Kind::Q5K | Kind::Q5_1, 2) => avx2::tile_q8::<2, false, true>(args),
+            (Kind::Q5K | Kind::Q5_1, _) => avx2::tile_q8::<1, false, true>(args),
             (Kind::Q4_0 | Kind::Q4_1, 2) => avx2::tile::<2>(args),
             (Kind::Q4_0 | Kind::Q4_1, _) => avx2::tile::<1>(args),
         }
@@ -284,12 +287,14 @@ mod avx2 {
         }
     }
 
-    /// Q8_0 and Q6_K (`HALVES`: a scale per 16 codes): [`super::x86::tile_q8`] without VNNI, on
-    /// two halves (vpsignb for the sign trick).
+    /// Q8_0, Q6_K (`HALVES`: a scale per 16 codes) and Q5_K (`MIN`: unsigned codes, a min per
+    /// block): [`super::x86::tile_q8`] without VNNI, on two halves (vpsignb for the sign trick).
     #[inline(always)]
-    pub(super) unsafe fn tile_q8<const C: usize, const HALVES: bool>((w, a, r0, t0, valid, orow, out): TileArgs) {
+    pub(super) unsafe fn tile_q8<const C: usize, const HALVES: bool, const MIN: bool>(
+        (w, a, r0, t0, valid, orow, out): TileArgs,
+    ) {
         let ops = Operands::<C>::new(w, a, r0, t0);
-        let Operands { n, d, m, xq, dx, .. } = ops;
+        let Operands { n, d, m, xq, dx, sx, .. } = ops;
         let (flip, ones) = (_mm256_set1_epi8(-128), _mm256_set1_epi16(1));
         let mut acc = [[_mm256_setzero_ps(); 2]; C];
         for b in 0..n {
@@ -298,6 +303,19 @@ mod avx2 {
             // codes 16..32 under Q6_K.
             let (mut isum, mut isum2) = ([[_mm256_setzero_si256(); 2]; C], [[_mm256_setzero_si256(); 2]; C]);
             for j in 0..8 {
+                if MIN {
+                    // Q5_K's codes are 0..31 as stored: vpmaddubsw takes them unsigned.
+                    let u: [__m256i; 2] =
+                        std::array::from_fn(|h| _mm256_loadu_si256(qb.add(j * 64 + 32 * h) as *const _));
+                    for c in 0..C {
+                        let x = _mm256_set1_epi32((xq[c].add(b * BLOCK + 4 * j) as *const i32).read_unaligned());
+                        for h in 0..2 {
+                            let p = _mm256_maddubs_epi16(u[h], x);
+                            isum[c][h] = _mm256_add_epi32(isum[c][h], _mm256_madd_epi16(p, ones));
+                        }
+                    }
+                    continue;
+                }
                 // Signed codes; |w| (−128 stays 128 as an unsigned byte) and x·sign(w).
                 let v: [__m256i; 2] = std::array::from_fn(|h| {
                     _mm256_xor_si256(_mm256_loadu_si256(qb.add(j * 64 + 32 * h) as *const _), flip)
@@ -329,6 +347,15 @@ mod avx2 {
                     for h in 0..2 {
                         let t = _mm256_mul_ps(_mm256_cvtepi32_ps(isum2[c][h]), dxb);
                         acc[c][h] = _mm256_fmadd_ps(wm[h], t, acc[c][h]);
+                    }
+                }
+            }
+            if MIN {
+                let wm = [half(m, 0), half(m, 1)];
+                for c in 0..C {
+                    let sb = _mm256_set1_ps(*sx[c].add(b));
+                    for h in 0..2 {
+                        acc[c][h] = _mm256_fmadd_ps(wm[h], sb, acc[c][h]);
                     }
                 }
             }
@@ -418,8 +445,11 @@ mod x86 {
     /// `HALVES` (Q6_K): the same codes with a scale per 16, `d` for groups 0–3 and `m` for 4–7;
     /// the two sets of lanes are the two halves, each scaled by its own, and with VNNI offset by
     /// the activation's half sums (`sx`, two a block).
+    ///
+    /// `MIN` (Q5_K): the codes are 0..31 as stored (no + 128), with Q4_1's arithmetic per block,
+    /// `d_w·d_x·dot + m·s`; without VNNI vpmaddubsw takes them unsigned, no sign trick.
     #[inline(always)]
-    pub(super) unsafe fn tile_q8<const C: usize, const VNNI: bool, const HALVES: bool>(
+    pub(super) unsafe fn tile_q8<const C: usize, const VNNI: bool, const HALVES: bool, const MIN: bool>(
         (w, a, r0, t0, valid, orow, out): TileArgs,
     ) {
         let ops = Operands::<C>::new(w, a, r0, t0);
@@ -429,31 +459,39 @@ mod x86 {
         for b in 0..n {
             let qb = ops.block(b, GROUP_BLOCK_Q8);
             _mm_prefetch::<_MM_HINT_T0>(d.wrapping_add((b + PF_BYTES / GROUP_BLOCK_Q8) * ROWS) as *const i8);
-            if HALVES {
+            if HALVES || MIN {
                 _mm_prefetch::<_MM_HINT_T0>(m.wrapping_add((b + PF_BYTES / GROUP_BLOCK_Q8) * ROWS) as *const i8);
             }
             let (mut isum, mut isum2) = ([_mm512_setzero_si512(); C], [_mm512_setzero_si512(); C]);
-            for j in 0..8 {
-                // Which set of lanes group j sums into: alternate (a shorter vpdpbusd chain), or
-                // its half under Q6_K.
-                let second = if HALVES { j >= 4 } else { VNNI && j % 2 == 1 };
-                let u = _mm512_loadu_si512(qb.add(j * 64) as *const _); // code + 128
+            // Group j's 4-code products for every token, into `sum`.
+            let group = |j: usize, sum: &mut [__m512i; C]| {
+                let u = _mm512_loadu_si512(qb.add(j * 64) as *const _); // code + 128 (Q5: the code)
+                let x = |c: usize| _mm512_set1_epi32((xq[c].add(b * BLOCK + 4 * j) as *const i32).read_unaligned());
                 if VNNI {
                     for c in 0..C {
-                        let x = _mm512_set1_epi32((xq[c].add(b * BLOCK + 4 * j) as *const i32).read_unaligned());
-                        let sum = if second { &mut isum2[c] } else { &mut isum[c] };
-                        *sum = _mm512_dpbusd_epi32(*sum, u, x);
+                        sum[c] = _mm512_dpbusd_epi32(sum[c], u, x(c));
                     }
-                    continue;
+                } else if MIN {
+                    for c in 0..C {
+                        sum[c] = _mm512_add_epi32(sum[c], _mm512_madd_epi16(_mm512_maddubs_epi16(u, x(c)), ones));
+                    }
+                } else {
+                    let v = _mm512_xor_si512(u, flip); // signed codes
+                    let (neg, mag) = (_mm512_movepi8_mask(v), _mm512_abs_epi8(v));
+                    for c in 0..C {
+                        let xs = _mm512_mask_sub_epi8(x(c), neg, zero, x(c)); // x·sign(w)
+                        sum[c] = _mm512_add_epi32(sum[c], _mm512_madd_epi16(_mm512_maddubs_epi16(mag, xs), ones));
+                    }
                 }
-                let v = _mm512_xor_si512(u, flip); // signed codes
-                let (neg, mag) = (_mm512_movepi8_mask(v), _mm512_abs_epi8(v));
-                for c in 0..C {
-                    let x = _mm512_set1_epi32((xq[c].add(b * BLOCK + 4 * j) as *const i32).read_unaligned());
-                    let xs = _mm512_mask_sub_epi8(x, neg, zero, x); // x·sign(w)
-                    let sum = if second { &mut isum2[c] } else { &mut isum[c] };
-                    *sum = _mm512_add_epi32(*sum, _mm512_madd_epi16(_mm512_maddubs_epi16(mag, xs), ones));
-                }
+            };
+            // Two sets of lanes, each group's fixed at compile time (a set chosen per group at
+            // run time kept the sums in memory: Q8_0 prefill ran at a quarter of its speed): the
+            // block's halves under Q6_K, else alternate groups (shorter dependency chains),
+            // added after.
+            for p in 0..4 {
+                let (j0, j1) = if HALVES { (p, p + 4) } else { (2 * p, 2 * p + 1) };
+                group(j0, &mut isum);
+                group(j1, &mut isum2);
             }
             let wd = _mm512_cvtph_ps(_mm256_loadu_si256(d.add(b * ROWS) as *const __m256i));
             if HALVES {
@@ -474,13 +512,22 @@ mod x86 {
                 }
                 continue;
             }
+            if MIN {
+                let wm = _mm512_cvtph_ps(_mm256_loadu_si256(m.add(b * ROWS) as *const __m256i));
+                for c in 0..C {
+                    let dot = _mm512_cvtepi32_ps(_mm512_add_epi32(isum[c], isum2[c]));
+                    acc[c] = _mm512_fmadd_ps(wd, _mm512_mul_ps(dot, _mm512_set1_ps(*dx[c].add(b))), acc[c]);
+                    acc[c] = _mm512_fmadd_ps(wm, _mm512_set1_ps(*sx[c].add(b)), acc[c]);
+                }
+                continue;
+            }
             for c in 0..C {
                 let dxb = _mm512_set1_ps(*dx[c].add(b));
                 let t = if VNNI {
                     let dot = _mm512_cvtepi32_ps(_mm512_add_epi32(isum[c], isum2[c]));
                     _mm512_fmadd_ps(dot, dxb, _mm512_set1_ps(-128.0 * *sx[c].add(b)))
                 } else {
-                    _mm512_mul_ps(_mm512_cvtepi32_ps(isum[c]), dxb)
+                    _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(isum[c], isum2[c])), dxb)
                 };
                 acc[c] = _mm512_fmadd_ps(wd, t, acc[c]);
             }

@@ -132,7 +132,9 @@ unsafe fn tile512<const R: usize, const C: usize, const VNNI: bool>(
         Kind::Q8_0 if signed_q8 => 0.0,
         Kind::Q8_0 => -16.0, // −128/8
         Kind::Q4_1 => 0.125,
-        Kind::Q6K => unreachable!("Q6_K tiles exist only in 16-row groups (gemm_rows_out checks)"),
+        Kind::Q6K | Kind::Q5K | Kind::Q5_1 => {
+            unreachable!("Q5 / Q6_K tiles exist only in 16-row groups (gemm_rows_out checks)")
+        }
     };
     let koff = _mm512_set1_ps(koff);
     let mut acc = [[_mm512_setzero_ps(); C]; R];

@@ -1,6 +1,6 @@
 //! Dot products of a stored weight row with an activation row quantized on the fly to the
 //! weight type's `vec_dot_type`, as ggml's CPU backend does (interop.md §5.1): Q4_0·Q8_0,
-//! Q4_1·Q8_1, Q5_0·Q8_0, Q8_0·Q8_0, F16·F16, BF16·BF16. These scalar forms follow ggml's `*_generic`
+//! Q4_1·Q8_1, Q5_0·Q8_0, Q5_1·Q8_1, Q8_0·Q8_0, F16·F16, BF16·BF16. These scalar forms follow ggml's `*_generic`
 //! references (integer sums per block, one float multiply-add per block); SIMD versions are
 //! tested against them.
 
@@ -12,8 +12,8 @@ impl GgmlType {
     pub fn vec_dot_type(self) -> GgmlType {
         match self {
             GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => GgmlType::Q8_0,
-            GgmlType::Q4_1 => GgmlType::Q8_1,
-            GgmlType::Q4_K | GgmlType::Q6_K => GgmlType::Q8_K,
+            GgmlType::Q4_1 | GgmlType::Q5_1 => GgmlType::Q8_1,
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => GgmlType::Q8_K,
             other => other,
         }
     }
@@ -35,8 +35,10 @@ impl GgmlType {
             GgmlType::Q4_0 => vec_dot_q4_0_q8_0(w, x),
             GgmlType::Q4_1 => vec_dot_q4_1_q8_1(w, x),
             GgmlType::Q5_0 => super::q5_0::vec_dot_q8_0(w, x),
+            GgmlType::Q5_1 => super::q5_1::vec_dot_q8_1(w, x),
             GgmlType::Q8_0 => vec_dot_q8_0_q8_0(w, x),
             GgmlType::Q4_K => super::k_quants_simd::vec_dot_q4_k(w, x),
+            GgmlType::Q5_K => super::k_quants::vec_dot_q5_k_q8_k(w, x),
             GgmlType::Q6_K => super::k_quants_simd::vec_dot_q6_k(w, x),
             // Q8_K is an activation format; as a weight (never written by ggml) dot the values.
             GgmlType::Q8_K => {

@@ -1,14 +1,16 @@
-//! K-quants (super-blocks of 256, ggml `block_q4_K` / `block_q6_K` / `block_q8_K`), byte-compatible
-//! with ggml. Q4_K: `f16 d; f16 dmin; u8 scales[12]; u8 qs[128]`: eight sub-blocks of 32, each with a
-//! 6-bit scale and min, value `d·sc·q − dmin·m`. Q6_K: `u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d`:
+//! K-quants (super-blocks of 256, ggml `block_q4_K` / `block_q5_K` / `block_q6_K` / `block_q8_K`),
+//! byte-compatible with ggml. Q4_K: `f16 d; f16 dmin; u8 scales[12]; u8 qs[128]`: eight sub-blocks
+//! of 32, each with a 6-bit scale and min, value `d·sc·q − dmin·m`. Q5_K: the same with 5-bit
+//! codes, `f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]` (the fifth bits in `qh`). Q6_K: `u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d`:
 //! sixteen sub-blocks of 16, value `d·sc·(q − 32)` with q six bits. Q8_K (the activation format
-//! for both): `f32 d; i8 qs[256]; i16 bsums[16]`. The quantizers follow ggml's `*_ref` ones
-//! (`make_qkx2_quants` for Q4_K, `make_qx_quants` for Q6_K).
+//! for all three): `f32 d; i8 qs[256]; i16 bsums[16]`. The quantizers follow ggml's `*_ref` ones
+//! (`make_qkx2_quants` for Q4_K and Q5_K, `make_qx_quants` for Q6_K).
 
 use super::float::{f16_at, f16_le};
 
 pub const QK: usize = 256;
 pub const Q4K_BYTES: usize = 144;
+pub const Q5K_BYTES: usize = 176;
 pub const Q6K_BYTES: usize = 210;
 pub const Q8K_BYTES: usize = 292;
 
@@ -211,6 +213,99 @@ pub fn q6_k_halves(blk: &[u8]) -> Option<([i8; QK], [u16; 16])> {
     Some((q, scales))
 }
 
+/// ggml `quantize_row_q5_K_ref`: Q4_K's search with codes in [0, 31] (rmin −0.5, 15 steps).
+pub fn quantize_q5_k(x: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(x.len() / QK * Q5K_BYTES);
+    for blk in x.chunks_exact(QK) {
+        let mut l = [0u8; QK];
+        let (mut scales, mut mins) = ([0f32; 8], [0f32; 8]);
+        for j in 0..8 {
+            let xs = &blk[32 * j..32 * (j + 1)];
+            let av = (xs.iter().map(|v| v * v).sum::<f32>() / 32.0).sqrt();
+            let w: Vec<f32> = xs.iter().map(|v| av + v.abs()).collect();
+            (scales[j], mins[j]) = make_qkx2(xs, &w, 31, &mut l[32 * j..32 * (j + 1)], -0.5, 0.1, 15);
+        }
+        let (max_scale, max_min) =
+            (scales.iter().fold(0f32, |a, &b| a.max(b)), mins.iter().fold(0f32, |a, &b| a.max(b)));
+        let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
+        let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
+        let six: Vec<(u8, u8)> = (0..8)
+            .map(|j| (nearest(inv_scale * scales[j]).min(63) as u8, nearest(inv_min * mins[j]).min(63) as u8))
+            .collect();
+        let sc = pack_scale_min_k4(&six);
+        let (d, dmin) = (f16_le(max_scale / 63.0), f16_le(max_min / 63.0));
+        let (df, dminf) = (f16_at(&d), f16_at(&dmin));
+        for j in 0..8 {
+            let (s, m) = scale_min_k4(j, &sc);
+            let dd = df * s as f32;
+            if dd == 0.0 {
+                continue;
+            }
+            let dm = dminf * m as f32;
+            for ii in 0..32 {
+                l[32 * j + ii] = nearest((blk[32 * j + ii] + dm) / dd).clamp(0, 31) as u8;
+            }
+        }
+        let (mut qh, mut ql) = ([0u8; 32], [0u8; 128]);
+        for (g, n) in (0..QK).step_by(64).enumerate() {
+            for j in 0..32 {
+                let (l1, l2) = (l[n + j], l[n + j + 32]);
+                qh[j] |= ((l1 >> 4) << (2 * g)) | ((l2 >> 4) << (2 * g + 1));
+                ql[32 * g + j] = (l1 & 0xF) | ((l2 & 0xF) << 4);
+            }
+        }
+        out.extend_from_slice(&d);
+        out.extend_from_slice(&dmin);
+        out.extend_from_slice(&sc);
+        out.extend_from_slice(&qh);
+        out.extend_from_slice(&ql);
+    }
+    out
+}
+
+/// The Q5_K codes of one block (0..31, element order) and its d, dmin and packed scales.
+fn q5_k_codes(blk: &[u8]) -> ([u8; QK], f32, f32, &[u8]) {
+    let (d, dmin, sc, qh, ql) = (f16_at(&blk[0..2]), f16_at(&blk[2..4]), &blk[4..16], &blk[16..48], &blk[48..176]);
+    let mut q = [0u8; QK];
+    for g in 0..4 {
+        for j in 0..32 {
+            let byte = ql[32 * g + j];
+            q[64 * g + j] = (byte & 0xF) | (((qh[j] >> (2 * g)) & 1) << 4);
+            q[64 * g + 32 + j] = (byte >> 4) | (((qh[j] >> (2 * g + 1)) & 1) << 4);
+        }
+    }
+    (q, d, dmin, sc)
+}
+
+pub fn dequantize_q5_k(b: &[u8], out: &mut [f32]) {
+    for (blk, o) in b.chunks_exact(Q5K_BYTES).zip(out.chunks_exact_mut(QK)) {
+        let (q, d, dmin, sc) = q5_k_codes(blk);
+        for (j, o) in o.chunks_exact_mut(32).enumerate() {
+            let (s, m) = scale_min_k4(j, sc);
+            for (v, &c) in o.iter_mut().zip(&q[32 * j..32 * (j + 1)]) {
+                *v = d * s as f32 * c as f32 - dmin * m as f32;
+            }
+        }
+    }
+}
+
+/// One Q5_K super-block as the 16-row tiles take it ([`crate::qgemm::Kind::Q5K`]): its 256 codes
+/// (0..31) and, per sub-block of 32, the scale `d·sc` and the min `−dmin·m` rounded to f16 (as
+/// [`q4_k_as_q4_1`] rounds Q4_K's). `None` when one overflows f16.
+pub fn q5_k_blocks(blk: &[u8]) -> Option<([u8; QK], [u16; 8], [u16; 8])> {
+    let (q, d, dmin, sc) = q5_k_codes(blk);
+    let (mut scale, mut min) = ([0u16; 8], [0u16; 8]);
+    for j in 0..8 {
+        let (s, m) = scale_min_k4(j, sc);
+        let (hs, hm) = (half::f16::from_f32(d * s as f32), half::f16::from_f32(-dmin * m as f32));
+        if !hs.is_finite() || !hm.is_finite() {
+            return None;
+        }
+        (scale[j], min[j]) = (hs.to_bits(), hm.to_bits());
+    }
+    Some((q, scale, min))
+}
+
 /// ggml `make_qx_quants` with rmse_type 1 (weights x²): signed codes in [−nmax, nmax − 1] stored
 /// offset by nmax; returns the scale.
 fn make_qx(x: &[f32], nmax: i32, l: &mut [u8]) -> f32 {
@@ -389,6 +484,25 @@ pub fn vec_dot_q4_k_q8_k(w: &[u8], x: &[u8]) -> f32 {
     sum
 }
 
+/// ggml `vec_dot_q5_K_q8_K`: per sub-block j, d·sc_j·Σ q5·q8 − dmin·m_j·Σ q8, times d8.
+pub fn vec_dot_q5_k_q8_k(w: &[u8], x: &[u8]) -> f32 {
+    let mut sum = 0f32;
+    for (wb, xb) in w.chunks_exact(Q5K_BYTES).zip(x.chunks_exact(Q8K_BYTES)) {
+        let (q, d, dmin, sc) = q5_k_codes(wb);
+        let (d8, q8, bsums) = q8k_parts(xb);
+        let bsum = |g: usize| i16::from_le_bytes([bsums[2 * g], bsums[2 * g + 1]]) as i32;
+        let (mut sumi, mut mins) = (0i32, 0i32);
+        for j in 0..8 {
+            let (s, m) = scale_min_k4(j, sc);
+            let isum: i32 = (0..32).map(|i| q[32 * j + i] as i32 * q8[32 * j + i] as i8 as i32).sum();
+            sumi += s as i32 * isum;
+            mins += m as i32 * (bsum(2 * j) + bsum(2 * j + 1));
+        }
+        sum += d8 * (d * sumi as f32 - dmin * mins as f32);
+    }
+    sum
+}
+
 /// ggml `vec_dot_q6_K_q8_K`: Σ over sub-blocks of 16 of d·sc·Σ (q6 − 32)·q8, times d8.
 pub fn vec_dot_q6_k_q8_k(w: &[u8], x: &[u8]) -> f32 {
     let mut sum = 0f32;
@@ -469,6 +583,7 @@ mod tests {
         dequantize_q8_k(&yq, &mut yd);
         for (enc, dot, deq) in [
             (quantize_q4_k(&w), vec_dot_q4_k_q8_k as fn(&[u8], &[u8]) -> f32, dequantize_q4_k as fn(&[u8], &mut [f32])),
+            (quantize_q5_k(&w), vec_dot_q5_k_q8_k, dequantize_q5_k),
             (quantize_q6_k(&w), vec_dot_q6_k_q8_k, dequantize_q6_k),
         ] {
             let mut wd = vec![0f32; w.len()];
@@ -480,7 +595,7 @@ mod tests {
     }
 
     #[test]
-    fn q6_k_beats_q4_k_and_both_track_the_data() {
+    fn q6_k_beats_q5_k_beats_q4_k_and_all_track_the_data() {
         let x = data(8 * QK, 3);
         let err = |enc: &[u8], deq: fn(&[u8], &mut [f32])| {
             let mut y = vec![0f32; x.len()];
@@ -488,7 +603,10 @@ mod tests {
             (x.iter().zip(&y).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>() / x.len() as f64).sqrt()
         };
         let (e4, e6) = (err(&quantize_q4_k(&x), dequantize_q4_k), err(&quantize_q6_k(&x), dequantize_q6_k));
+        let e5 = err(&quantize_q5_k(&x), dequantize_q5_k);
         let rms = (x.iter().map(|a| (*a as f64).powi(2)).sum::<f64>() / x.len() as f64).sqrt();
         assert!(e6 < e4 / 3.0 && e4 < 0.1 * rms, "rmse Q4_K {e4}, Q6_K {e6}, data rms {rms}");
+        // One more bit than Q4_K: about half its error, and above Q6_K's.
+        assert!(e5 < 0.6 * e4 && e5 > e6, "rmse Q4_K {e4}, Q5_K {e5}, Q6_K {e6}");
     }
 }

@@ -10,6 +10,7 @@ pub mod k_quants_simd;
 pub mod q4_0;
 pub mod q4_1;
 pub mod q5_0;
+pub mod q5_1;
 pub mod q8_0;
 
 /// The ggml tensor types K3-Mini reads and writes. Ids are ggml's.
@@ -35,9 +36,11 @@ pub enum GgmlType {
     Q4_0,
     Q4_1,
     Q5_0,
+    Q5_1,
     Q8_0,
     Q8_1,
     Q4_K,
+    Q5_K,
     Q6_K,
     Q8_K,
 }
@@ -50,9 +53,11 @@ impl GgmlType {
             GgmlType::Q4_0 => 2,
             GgmlType::Q4_1 => 3,
             GgmlType::Q5_0 => 6,
+            GgmlType::Q5_1 => 7,
             GgmlType::Q8_0 => 8,
             GgmlType::Q8_1 => 9,
             GgmlType::Q4_K => 12,
+            GgmlType::Q5_K => 13,
             GgmlType::Q6_K => 14,
             GgmlType::Q8_K => 15,
             GgmlType::BF16 => 30,
@@ -66,9 +71,11 @@ impl GgmlType {
             2 => GgmlType::Q4_0,
             3 => GgmlType::Q4_1,
             6 => GgmlType::Q5_0,
+            7 => GgmlType::Q5_1,
             8 => GgmlType::Q8_0,
             9 => GgmlType::Q8_1,
             12 => GgmlType::Q4_K,
+            13 => GgmlType::Q5_K,
             14 => GgmlType::Q6_K,
             15 => GgmlType::Q8_K,
             30 => GgmlType::BF16,
@@ -113,7 +120,7 @@ impl GgmlType {
     pub fn block_elems(self) -> usize {
         match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
-            GgmlType::Q4_K | GgmlType::Q6_K | GgmlType::Q8_K => k_quants::QK,
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_K => k_quants::QK,
             _ => 32,
         }
     }
@@ -126,9 +133,11 @@ impl GgmlType {
             GgmlType::Q4_0 => 18,
             GgmlType::Q4_1 => 20,
             GgmlType::Q5_0 => q5_0::BYTES,
+            GgmlType::Q5_1 => q5_1::BYTES,
             GgmlType::Q8_0 => 34,
             GgmlType::Q8_1 => 36,
             GgmlType::Q4_K => k_quants::Q4K_BYTES,
+            GgmlType::Q5_K => k_quants::Q5K_BYTES,
             GgmlType::Q6_K => k_quants::Q6K_BYTES,
             GgmlType::Q8_K => k_quants::Q8K_BYTES,
         }
@@ -152,9 +161,11 @@ impl GgmlType {
             GgmlType::Q4_0 => q4_0::quantize_ref(x),
             GgmlType::Q4_1 => q4_1::quantize_ref(x),
             GgmlType::Q5_0 => q5_0::quantize_ref(x),
+            GgmlType::Q5_1 => q5_1::quantize_ref(x),
             GgmlType::Q8_0 => q8_0::quantize_ref(x),
             GgmlType::Q8_1 => q8_0::quantize_q8_1_ref(x),
             GgmlType::Q4_K => k_quants::quantize_q4_k(x),
+            GgmlType::Q5_K => k_quants::quantize_q5_k(x),
             GgmlType::Q6_K => k_quants::quantize_q6_k(x),
             GgmlType::Q8_K => k_quants::quantize_q8_k(x),
         }
@@ -173,8 +184,10 @@ impl GgmlType {
             GgmlType::Q4_0 => q4_0::dequantize_ref(bytes, out),
             GgmlType::Q4_1 => q4_1::dequantize_ref(bytes, out),
             GgmlType::Q5_0 => q5_0::dequantize_ref(bytes, out),
+            GgmlType::Q5_1 => q5_1::dequantize_ref(bytes, out),
             GgmlType::Q8_0 | GgmlType::Q8_1 => q8_0::dequantize_ref(self, bytes, out),
             GgmlType::Q4_K => k_quants::dequantize_q4_k(bytes, out),
+            GgmlType::Q5_K => k_quants::dequantize_q5_k(bytes, out),
             GgmlType::Q6_K => k_quants::dequantize_q6_k(bytes, out),
             GgmlType::Q8_K => k_quants::dequantize_q8_k(bytes, out),
         }
