@@ -48,6 +48,48 @@ impl Rows<'_> {
         }
     }
 
+    /// `C += A·Bᵀ`, B being these rows from value `off` on at stride `ldb` (scores against keys);
+    /// [`crate::simd::matmul_nt_acc`]'s operands otherwise.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_nt_acc(
+        &self,
+        c: &mut [f32],
+        ldc: usize,
+        a: &[f32],
+        lda: usize,
+        off: usize,
+        ldb: usize,
+        m: usize,
+        k: usize,
+        n: usize,
+    ) {
+        match self {
+            Rows::F32(v) => crate::simd::matmul_nt_acc(c, ldc, a, lda, &v[off..], ldb, m, k, n),
+            Rows::F16(v) => crate::simd::matmul_nt_acc(c, ldc, a, lda, &v[off..], ldb, m, k, n),
+        }
+    }
+
+    /// `C += A·B`, B being these rows from value `off` on at stride `ldb` (probabilities times
+    /// values); [`crate::simd::matmul_acc_strided`]'s operands otherwise.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_acc(
+        &self,
+        c: &mut [f32],
+        ldc: usize,
+        a: &[f32],
+        lda: usize,
+        off: usize,
+        ldb: usize,
+        m: usize,
+        k: usize,
+        n: usize,
+    ) {
+        match self {
+            Rows::F32(v) => crate::simd::matmul_acc_strided(c, ldc, a, lda, &v[off..], ldb, m, k, n),
+            Rows::F16(v) => crate::simd::matmul_acc_strided(c, ldc, a, lda, &v[off..], ldb, m, k, n),
+        }
+    }
+
     /// Every value as f32 (borrowed when already f32): the reference paths.
     pub fn to_f32(&self) -> std::borrow::Cow<'_, [f32]> {
         match self {
@@ -176,12 +218,7 @@ pub fn attend_blocked(
         }
         let mut sc = vec![0f32; rows * s];
         match keys {
-            Keys::Rows(Rows::F32(kc)) => {
-                crate::simd::matmul_nt_acc(&mut sc, s, &a, dk, &kc[kvh * dk..], hkv * dk, rows, dk, s)
-            }
-            Keys::Rows(Rows::F16(kc)) => {
-                crate::simd::matmul_nt_acc(&mut sc, s, &a, dk, &kc[kvh * dk..], hkv * dk, rows, dk, s)
-            }
+            Keys::Rows(kc) => kc.matmul_nt_acc(&mut sc, s, &a, dk, kvh * dk, hkv * dk, rows, dk, s),
             Keys::Columns { data, n } => {
                 // In column blocks whose keys stay in L2 while every row of `a` passes.
                 const KB: usize = 512;
@@ -196,14 +233,7 @@ pub fn attend_blocked(
             causal_probabilities(row, past + t0 + i / group + 1, scale, f16_kq);
         }
         let mut ob = vec![0f32; rows * dv];
-        match vc {
-            Rows::F32(vc) => {
-                crate::simd::matmul_acc_strided(&mut ob, dv, &sc, s, &vc[kvh * dv..], hkv * dv, rows, s, dv)
-            }
-            Rows::F16(vc) => {
-                crate::simd::matmul_acc_strided(&mut ob, dv, &sc, s, &vc[kvh * dv..], hkv * dv, rows, s, dv)
-            }
-        }
+        vc.matmul_acc(&mut ob, dv, &sc, s, kvh * dv, hkv * dv, rows, s, dv);
         for i in 0..nq {
             // SAFETY: query t0 + i's heads kvh·G.. belong to this task alone.
             let dst = unsafe { o.slice(((t0 + i) * hq + kvh * group) * dv, group * dv) };
@@ -250,28 +280,7 @@ fn online_block(out: OutPtr, a: &[f32], keys: Keys, vc: Rows, heads: Heads, blk:
         let nb = KEY_TILE.min(s - j0);
         sc.fill(0.0);
         match keys {
-            Keys::Rows(Rows::F32(kc)) => crate::simd::matmul_nt_acc(
-                &mut sc,
-                KEY_TILE,
-                a,
-                dk,
-                &kc[(j0 * hkv + kvh) * dk..],
-                hkv * dk,
-                rows,
-                dk,
-                nb,
-            ),
-            Keys::Rows(Rows::F16(kc)) => crate::simd::matmul_nt_acc(
-                &mut sc,
-                KEY_TILE,
-                a,
-                dk,
-                &kc[(j0 * hkv + kvh) * dk..],
-                hkv * dk,
-                rows,
-                dk,
-                nb,
-            ),
+            Keys::Rows(kc) => kc.matmul_nt_acc(&mut sc, KEY_TILE, a, dk, (j0 * hkv + kvh) * dk, hkv * dk, rows, dk, nb),
             Keys::Columns { data, n } => {
                 crate::simd::matmul_acc_strided(&mut sc, KEY_TILE, a, dk, &data[kvh * dk * n + j0..], n, rows, dk, nb)
             }
@@ -293,30 +302,7 @@ fn online_block(out: OutPtr, a: &[f32], keys: Keys, vc: Rows, heads: Heads, blk:
             l[i] += crate::ops::exp_shifted_sum(&mut row[..vis], scale, mx[i]);
             row[vis..].fill(0.0);
         }
-        match vc {
-            Rows::F32(v) => crate::simd::matmul_acc_strided(
-                &mut ob,
-                dv,
-                &sc,
-                KEY_TILE,
-                &v[(j0 * hkv + kvh) * dv..],
-                hkv * dv,
-                rows,
-                nb,
-                dv,
-            ),
-            Rows::F16(v) => crate::simd::matmul_acc_strided(
-                &mut ob,
-                dv,
-                &sc,
-                KEY_TILE,
-                &v[(j0 * hkv + kvh) * dv..],
-                hkv * dv,
-                rows,
-                nb,
-                dv,
-            ),
-        }
+        vc.matmul_acc(&mut ob, dv, &sc, KEY_TILE, (j0 * hkv + kvh) * dv, hkv * dv, rows, nb, dv);
     }
     for i in 0..nq {
         for g in 0..group {

@@ -109,42 +109,61 @@ fn make_qkx2(x: &[f32], w: &[f32], nmax: i32, l: &mut [u8], rmin: f32, rdelta: f
     (scale, -min)
 }
 
+/// The part of ggml's `quantize_row_q4_K_ref` / `quantize_row_q5_K_ref` after the per-sub-block
+/// search: the eight (scale, min) pairs quantized to 6 bits against the super-block's d and dmin,
+/// then every code recomputed against its quantized scale and min, clamped to [0, nmax]. Returns
+/// the f16 bytes of d and dmin and the 12 packed scale bytes.
+fn k4_super_block(
+    blk: &[f32],
+    scales: &[f32; 8],
+    mins: &[f32; 8],
+    nmax: i32,
+    l: &mut [u8; QK],
+) -> ([u8; 2], [u8; 2], [u8; 12]) {
+    let max_scale = scales.iter().fold(0f32, |a, &b| a.max(b));
+    let max_min = mins.iter().fold(0f32, |a, &b| a.max(b));
+    let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
+    let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
+    let six: Vec<(u8, u8)> = (0..8)
+        .map(|j| (nearest(inv_scale * scales[j]).min(63) as u8, nearest(inv_min * mins[j]).min(63) as u8))
+        .collect();
+    let sc = pack_scale_min_k4(&six);
+    let (d, dmin) = (f16_le(max_scale / 63.0), f16_le(max_min / 63.0));
+    let (df, dminf) = (f16_at(&d), f16_at(&dmin));
+    for j in 0..8 {
+        let (s, m) = scale_min_k4(j, &sc);
+        let dd = df * s as f32;
+        if dd == 0.0 {
+            continue;
+        }
+        let dm = dminf * m as f32;
+        for ii in 0..32 {
+            l[32 * j + ii] = nearest((blk[32 * j + ii] + dm) / dd).clamp(0, nmax) as u8;
+        }
+    }
+    (d, dmin, sc)
+}
+
+/// The weighted scale-and-min search of each sub-block of 32 (ggml's `make_qkx2_quants` with
+/// weights `rms + |x|`), codes in [0, nmax].
+fn k4_search(blk: &[f32], nmax: i32, rmin: f32, nstep: i32, l: &mut [u8; QK]) -> ([f32; 8], [f32; 8]) {
+    let (mut scales, mut mins) = ([0f32; 8], [0f32; 8]);
+    for j in 0..8 {
+        let xs = &blk[32 * j..32 * (j + 1)];
+        let av = (xs.iter().map(|v| v * v).sum::<f32>() / 32.0).sqrt();
+        let w: Vec<f32> = xs.iter().map(|v| av + v.abs()).collect();
+        (scales[j], mins[j]) = make_qkx2(xs, &w, nmax, &mut l[32 * j..32 * (j + 1)], rmin, 0.1, nstep);
+    }
+    (scales, mins)
+}
+
 /// ggml `quantize_row_q4_K_ref`.
 pub fn quantize_q4_k(x: &[f32]) -> Vec<u8> {
     let mut out = Vec::with_capacity(x.len() / QK * Q4K_BYTES);
     for blk in x.chunks_exact(QK) {
         let mut l = [0u8; QK];
-        let (mut scales, mut mins) = ([0f32; 8], [0f32; 8]);
-        let (mut max_scale, mut max_min) = (0f32, 0f32);
-        for j in 0..8 {
-            let xs = &blk[32 * j..32 * (j + 1)];
-            let av = (xs.iter().map(|v| v * v).sum::<f32>() / 32.0).sqrt();
-            let w: Vec<f32> = xs.iter().map(|v| av + v.abs()).collect();
-            let (s, m) = make_qkx2(xs, &w, 15, &mut l[32 * j..32 * (j + 1)], -1.0, 0.1, 20);
-            scales[j] = s;
-            mins[j] = m;
-            max_scale = max_scale.max(s);
-            max_min = max_min.max(m);
-        }
-        let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
-        let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
-        let six: Vec<(u8, u8)> = (0..8)
-            .map(|j| (nearest(inv_scale * scales[j]).min(63) as u8, nearest(inv_min * mins[j]).min(63) as u8))
-            .collect();
-        let sc = pack_scale_min_k4(&six);
-        let (d, dmin) = (f16_le(max_scale / 63.0), f16_le(max_min / 63.0));
-        let (df, dminf) = (f16_at(&d), f16_at(&dmin));
-        for j in 0..8 {
-            let (s, m) = scale_min_k4(j, &sc);
-            let dd = df * s as f32;
-            if dd == 0.0 {
-                continue;
-            }
-            let dm = dminf * m as f32;
-            for ii in 0..32 {
-                l[32 * j + ii] = nearest((blk[32 * j + ii] + dm) / dd).clamp(0, 15) as u8;
-            }
-        }
+        let (scales, mins) = k4_search(blk, 15, -1.0, 20, &mut l);
+        let (d, dmin, sc) = k4_super_block(blk, &scales, &mins, 15, &mut l);
         out.extend_from_slice(&d);
         out.extend_from_slice(&dmin);
         out.extend_from_slice(&sc);
@@ -218,34 +237,8 @@ pub fn quantize_q5_k(x: &[f32]) -> Vec<u8> {
     let mut out = Vec::with_capacity(x.len() / QK * Q5K_BYTES);
     for blk in x.chunks_exact(QK) {
         let mut l = [0u8; QK];
-        let (mut scales, mut mins) = ([0f32; 8], [0f32; 8]);
-        for j in 0..8 {
-            let xs = &blk[32 * j..32 * (j + 1)];
-            let av = (xs.iter().map(|v| v * v).sum::<f32>() / 32.0).sqrt();
-            let w: Vec<f32> = xs.iter().map(|v| av + v.abs()).collect();
-            (scales[j], mins[j]) = make_qkx2(xs, &w, 31, &mut l[32 * j..32 * (j + 1)], -0.5, 0.1, 15);
-        }
-        let (max_scale, max_min) =
-            (scales.iter().fold(0f32, |a, &b| a.max(b)), mins.iter().fold(0f32, |a, &b| a.max(b)));
-        let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
-        let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
-        let six: Vec<(u8, u8)> = (0..8)
-            .map(|j| (nearest(inv_scale * scales[j]).min(63) as u8, nearest(inv_min * mins[j]).min(63) as u8))
-            .collect();
-        let sc = pack_scale_min_k4(&six);
-        let (d, dmin) = (f16_le(max_scale / 63.0), f16_le(max_min / 63.0));
-        let (df, dminf) = (f16_at(&d), f16_at(&dmin));
-        for j in 0..8 {
-            let (s, m) = scale_min_k4(j, &sc);
-            let dd = df * s as f32;
-            if dd == 0.0 {
-                continue;
-            }
-            let dm = dminf * m as f32;
-            for ii in 0..32 {
-                l[32 * j + ii] = nearest((blk[32 * j + ii] + dm) / dd).clamp(0, 31) as u8;
-            }
-        }
+        let (scales, mins) = k4_search(blk, 31, -0.5, 15, &mut l);
+        let (d, dmin, sc) = k4_super_block(blk, &scales, &mins, 31, &mut l);
         let (mut qh, mut ql) = ([0u8; 32], [0u8; 128]);
         for (g, n) in (0..QK).step_by(64).enumerate() {
             for j in 0..32 {
