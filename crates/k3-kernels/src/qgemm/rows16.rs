@@ -19,6 +19,9 @@
 //! layout). The kernel flips it back to signed and takes each 4-term product by the sign trick
 //! (|w| · x·sign(w): vpmaddubsw's pairs stay ≤ 2·128·127), widened to 32 bits per group; with
 //! VNNI, vpdpbusd takes the unsigned code + 128 as it is and the block's `128·s` comes off after.
+//! The other byte-code kinds share the Q8_0 arrangement: Q6_K (codes q − 32 + 128, a scale per 16
+//! codes in `d` and `m`, each half of a block summed into its own lanes) and Q5_K / Q5_1 (codes
+//! 0..31 as they are, Q4_1's scale-and-min arithmetic).
 //! Dims: nbp blocks per row (even), R = 16 rows per group, C tokens per tile.
 
 use super::{Kind, Layout, OutMat, Packed, QActs, BLOCK};
@@ -287,8 +290,8 @@ mod avx2 {
         }
     }
 
-    /// Q8_0, Q6_K (`HALVES`: a scale per 16 codes) and Q5_K (`MIN`: unsigned codes, a min per
-    /// block): [`super::x86::tile_q8`] without VNNI, on two halves (vpsignb for the sign trick).
+    /// Q8_0, Q6_K (`HALVES`: a scale per 16 codes) and Q5_K / Q5_1 (`MIN`: unsigned codes, a min
+    /// per block): [`super::x86::tile_q8`] without VNNI, on two halves (vpsignb for the sign trick).
     #[inline(always)]
     pub(super) unsafe fn tile_q8<const C: usize, const HALVES: bool, const MIN: bool>(
         (w, a, r0, t0, valid, orow, out): TileArgs,
@@ -446,7 +449,7 @@ mod x86 {
     /// the two sets of lanes are the two halves, each scaled by its own, and with VNNI offset by
     /// the activation's half sums (`sx`, two a block).
     ///
-    /// `MIN` (Q5_K): the codes are 0..31 as stored (no + 128), with Q4_1's arithmetic per block,
+    /// `MIN` (Q5_K, Q5_1): the codes are 0..31 as stored (no + 128), with Q4_1's arithmetic per block,
     /// `d_w·d_x·dot + m·s`; without VNNI vpmaddubsw takes them unsigned, no sign trick.
     #[inline(always)]
     pub(super) unsafe fn tile_q8<const C: usize, const VNNI: bool, const HALVES: bool, const MIN: bool>(
