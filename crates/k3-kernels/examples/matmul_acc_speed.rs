@@ -1,5 +1,6 @@
-//! The f32 products of a long prefill's attention, as `attention::attend_blocked` runs them for
-//! one head of the 370M bench model's expanded MLA (128 queries, keys of 192, values of 128):
+//! The f32 products of a long prefill's attention, as `attention::attend_blocked` ran them in its
+//! two-pass form (it now makes one pass in 256-key tiles, `online_block`) for one head of the 370M
+//! bench model's expanded MLA (128 queries, keys of 192, values of 128):
 //! scores Q·Kᵀ over column blocks of 512 keys with the keys stored as columns (stride S), and
 //! P·V over S positions; GMAC/s at S = 4096 with the keys' stride 4096 (a power of two) and
 //! padded to 4112, and at S = 4000; one thread,
