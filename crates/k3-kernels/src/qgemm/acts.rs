@@ -43,21 +43,10 @@ pub fn quantize_row(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32], s16:
     // No `--exact` branch: the SIMD quantizer gives the reference's bits (tested).
     if Isa::best() >= Isa::Avx512 {
         // SAFETY: AVX-512F/BW is present (Isa::best checks it).
-        unsafe { x86::quantize_row512(x, qs, d, s, s16) };
-        half_sums(qs, d, hs);
+        unsafe { x86::quantize_row512(x, qs, d, s, s16, hs) };
         return;
     }
     quantize_row_ref(x, qs, d, s, s16, hs)
-}
-
-/// `hs[2b + h]` = d[b]·Σ of codes 16h..16h + 16 of block b.
-fn half_sums(qs: &[i8], d: &[f32], hs: &mut [f32]) {
-    for (b, &db) in d.iter().enumerate() {
-        for h in 0..2 {
-            let sum: i32 = qs[b * BLOCK + 16 * h..b * BLOCK + 16 * h + 16].iter().map(|&q| q as i32).sum();
-            hs[2 * b + h] = db * sum as f32;
-        }
-    }
 }
 
 /// The reference for the quantizer: the plain loops.
@@ -67,17 +56,19 @@ pub fn quantize_row_ref(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32], 
         let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
         let db = amax / 127.0;
         let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
-        let mut sum = 0i32;
-        for (o, &v) in qs[b * BLOCK..(b + 1) * BLOCK].iter_mut().zip(blk) {
+        let mut half = [0i32; 2]; // Σq over codes 0..16 and 16..32
+        for (i, (o, &v)) in qs[b * BLOCK..(b + 1) * BLOCK].iter_mut().zip(blk).enumerate() {
             *o = round_even_small(v * id) as i8;
-            sum += *o as i32;
+            half[i / 16] += *o as i32;
         }
+        let sum = half[0] + half[1];
         let dh = half::f16::from_f32(db).to_f32();
         d[b] = dh;
         s[b] = dh * sum as f32;
         s16[b] = half::f16::from_f32(db * sum as f32).to_f32();
+        hs[2 * b] = dh * half[0] as f32;
+        hs[2 * b + 1] = dh * half[1] as f32;
     }
-    half_sums(qs, d, hs);
 }
 
 impl QActs {

@@ -31,6 +31,7 @@ mod x86;
 
 use std::sync::OnceLock;
 
+use crate::quant::k_quants::{q5_k_blocks, q6_k_halves, Q5K_BYTES, Q6K_BYTES, QK};
 use crate::quant::GgmlType;
 
 pub const BLOCK: usize = 32;
@@ -209,6 +210,21 @@ fn rows16_avx2() -> bool {
     false
 }
 
+/// One K-quant super-block as the 16-row tiles take it: 256 codes as stored, and its eight
+/// 32-code blocks' `d` and `m` (f16 bits).
+type SuperBlock = ([u8; QK], [u16; 8], [u16; 8]);
+
+/// A Q6_K super-block for [`Kind::Q6K`]: codes q − 32 + 128, each block's first-half scale in `d`
+/// and second-half one in `m`.
+fn q6_k_super_block(blk: &[u8]) -> Option<SuperBlock> {
+    let (q, sc) = q6_k_halves(blk)?;
+    Some((
+        q.map(|q| (q as i32 + 128) as u8),
+        std::array::from_fn(|j| sc[2 * j]),
+        std::array::from_fn(|j| sc[2 * j + 1]),
+    ))
+}
+
 /// A weight matrix [rows, cols] repacked for the kernels, in one [`Layout`]. Scales stay f16
 /// (ggml's bytes per weight); `m` holds Q4_1's mins (Q6_K's second-half scales).
 #[derive(Debug, Clone)]
@@ -229,9 +245,9 @@ impl Packed {
     /// kernels read. `None` for types the integer kernels do not take. Q4_K rows enter as the
     /// Q4_1 blocks their sub-blocks are (`k_quants::q4_k_as_q4_1`: scales and mins rounded to
     /// f16, 5 bits a weight instead of 4.5), Q5_0 rows as the Q8_0 blocks they equal exactly
-    /// (`q5_0::as_q8_0`), so both take tiles instead of one row dot per token. Q6_K rows enter
-    /// the 16-row layout as bytes with a scale per 16 codes ([`Kind::Q6K`], scales rounded to f16:
-    /// 9 bits a weight instead of 6.56), which has no row-pair form: they take that layout
+    /// (`q5_0::as_q8_0`), so both take tiles instead of one row dot per token. Q6_K, Q5_K and
+    /// Q5_1 rows enter the 16-row layout as byte codes ([`Kind::Q6K`], [`Kind::Q5K`],
+    /// [`Kind::Q5_1`]; 8.5–9 bits a weight), which has no row-pair form: they take that layout
     /// wherever its SIMD kernels run, also on CPUs whose other matrices are in row pairs (AMX
     /// hosts, `K3MINI_LAYOUT=rowpairs`), and stay on row dots (`None`) elsewhere.
     pub fn pack(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Option<Packed> {
@@ -242,11 +258,12 @@ impl Packed {
         Self::pack_as(ty, rows, cols, data, layout)
     }
 
-    fn kind_of(ty: GgmlType) -> Option<Kind> {
+    /// The kind a 32-code block type packs as, with its block's bytes and where its codes start.
+    fn block_kind(ty: GgmlType) -> Option<(Kind, usize, usize)> {
         match ty {
-            GgmlType::Q4_0 => Some(Kind::Q4_0),
-            GgmlType::Q4_1 => Some(Kind::Q4_1),
-            GgmlType::Q8_0 => Some(Kind::Q8_0),
+            GgmlType::Q4_0 => Some((Kind::Q4_0, 18, 2)),
+            GgmlType::Q4_1 => Some((Kind::Q4_1, 20, 4)),
+            GgmlType::Q8_0 => Some((Kind::Q8_0, 34, 2)),
             _ => None,
         }
     }
@@ -261,21 +278,20 @@ impl Packed {
             GgmlType::Q5_0 => {
                 return Self::pack_as(GgmlType::Q8_0, rows, cols, &crate::quant::q5_0::as_q8_0(data), layout)
             }
-            GgmlType::Q6_K => return Self::pack_q6_k(rows, cols, data, layout),
-            GgmlType::Q5_K => return Self::pack_q5_k(rows, cols, data, layout),
+            GgmlType::Q6_K => {
+                return Self::pack_super_blocks(Kind::Q6K, (rows, cols, data, layout), Q6K_BYTES, q6_k_super_block)
+            }
+            GgmlType::Q5_K => {
+                return Self::pack_super_blocks(Kind::Q5K, (rows, cols, data, layout), Q5K_BYTES, q5_k_blocks)
+            }
             GgmlType::Q5_1 => return Self::pack_q5_1(rows, cols, data, layout),
             _ => {}
         }
-        let kind = Self::kind_of(ty)?;
+        let (kind, bb, off) = Self::block_kind(ty)?;
         if !cols.is_multiple_of(BLOCK) {
             return None;
         }
         let nb = cols / BLOCK;
-        let (bb, off) = match kind {
-            Kind::Q4_0 => (18, 2),
-            Kind::Q4_1 => (20, 4),
-            Kind::Q8_0 | Kind::Q6K | Kind::Q5K | Kind::Q5_1 => (34, 2),
-        };
         let row_bytes = nb * bb;
         debug_assert_eq!(data.len(), rows * row_bytes);
         Some(Self::from_rows(kind, layout, rows, cols, |r, codes, d, m| {
@@ -304,52 +320,32 @@ impl Packed {
         }))
     }
 
-    /// Q6_K rows (`cols` a multiple of 256) as [`Kind::Q6K`] in the 16-row layout; `None` in row
-    /// pairs, or when a scale overflows f16 (the caller keeps ggml's row dots).
-    fn pack_q6_k(rows: usize, cols: usize, data: &[u8], layout: Layout) -> Option<Packed> {
-        use crate::quant::k_quants::{q6_k_halves, Q6K_BYTES, QK};
+    /// K-quant rows (`cols` a multiple of 256, `bytes` a super-block) as `kind` in the 16-row
+    /// layout, each super-block decoded once by `block` into its 256 codes as the tiles store
+    /// them and its eight blocks' `d` and `m`; `None` in row pairs, or when `block` refuses one
+    /// (a scale past f16's range: the caller keeps ggml's row dots).
+    fn pack_super_blocks(
+        kind: Kind,
+        (rows, cols, data, layout): (usize, usize, &[u8], Layout),
+        bytes: usize,
+        block: fn(&[u8]) -> Option<SuperBlock>,
+    ) -> Option<Packed> {
+        use crate::quant::k_quants::QK;
         if layout != Layout::Rows16 || !cols.is_multiple_of(QK) {
             return None;
         }
-        debug_assert_eq!(data.len(), rows * cols / QK * Q6K_BYTES);
-        if data.chunks_exact(Q6K_BYTES).any(|blk| q6_k_halves(blk).is_none()) {
-            return None;
-        }
-        Some(Self::from_rows(Kind::Q6K, layout, rows, cols, |r, codes, d, m| {
-            let row = &data[r * cols / QK * Q6K_BYTES..(r + 1) * cols / QK * Q6K_BYTES];
-            for (k, blk) in row.chunks_exact(Q6K_BYTES).enumerate() {
-                let (q, sc) = q6_k_halves(blk).expect("checked above");
-                for (c, &q) in codes[k * QK..(k + 1) * QK].iter_mut().zip(&q) {
-                    *c = (q as i32 + 128) as u8;
-                }
-                for j in 0..QK / BLOCK {
-                    d[k * 8 + j] = sc[2 * j];
-                    m[k * 8 + j] = sc[2 * j + 1];
-                }
-            }
-        }))
-    }
-
-    /// Q5_K rows (`cols` a multiple of 256) as [`Kind::Q5K`] in the 16-row layout; `None` in row
-    /// pairs, or when a scale or min overflows f16.
-    fn pack_q5_k(rows: usize, cols: usize, data: &[u8], layout: Layout) -> Option<Packed> {
-        use crate::quant::k_quants::{q5_k_blocks, Q5K_BYTES, QK};
-        if layout != Layout::Rows16 || !cols.is_multiple_of(QK) {
-            return None;
-        }
-        debug_assert_eq!(data.len(), rows * cols / QK * Q5K_BYTES);
-        if data.chunks_exact(Q5K_BYTES).any(|blk| q5_k_blocks(blk).is_none()) {
-            return None;
-        }
-        Some(Self::from_rows(Kind::Q5K, layout, rows, cols, |r, codes, d, m| {
-            let row = &data[r * cols / QK * Q5K_BYTES..(r + 1) * cols / QK * Q5K_BYTES];
-            for (k, blk) in row.chunks_exact(Q5K_BYTES).enumerate() {
-                let (q, sc, mn) = q5_k_blocks(blk).expect("checked above");
+        debug_assert_eq!(data.len(), rows * cols / QK * bytes);
+        let refused = std::cell::Cell::new(false);
+        let p = Self::from_rows(kind, layout, rows, cols, |r, codes, d, m| {
+            let row = &data[r * cols / QK * bytes..(r + 1) * cols / QK * bytes];
+            for (k, blk) in row.chunks_exact(bytes).enumerate() {
+                let Some((q, sc, mn)) = block(blk) else { return refused.set(true) };
                 codes[k * QK..(k + 1) * QK].copy_from_slice(&q);
                 d[k * 8..(k + 1) * 8].copy_from_slice(&sc);
                 m[k * 8..(k + 1) * 8].copy_from_slice(&mn);
             }
-        }))
+        });
+        (!refused.get()).then_some(p)
     }
 
     /// Q5_1 rows as [`Kind::Q5_1`] in the 16-row layout, exactly (its f16 scale and min, codes
@@ -370,9 +366,9 @@ impl Packed {
         }))
     }
 
-    /// Build from rows given as unsigned codes (`nbp·32`, Q8 and Q6_K as code + 128, Q5_K as is), f16 scales
-    /// and mins or second-half scales (`nbp` each); `row` fills them for row r (pad blocks are
-    /// left zero, byte codes 128).
+    /// Build from rows given as unsigned codes (`nbp·32`; Q8_0 and Q6_K as code + 128, Q5_K and
+    /// Q5_1 as they are), f16 scales and mins or second-half scales (`nbp` each); `row` fills
+    /// them for row r (pad blocks are left zero, byte codes 128).
     fn from_rows(
         kind: Kind,
         layout: Layout,
@@ -383,17 +379,18 @@ impl Packed {
         let nb = cols / BLOCK;
         let nbp = nb + nb % 2;
         let stored_rows = if layout == Layout::Rows16 { rows.next_multiple_of(rows16::ROWS) } else { rows };
-        let per_row = if kind.byte_codes() { nbp * 32 } else { nbp * 16 };
         let mut p = Packed {
             kind,
             layout,
             rows,
             cols,
             nbp,
-            qs: vec![0u8; stored_rows * per_row],
+            qs: Vec::new(),
             d: vec![0u16; stored_rows * nbp],
             m: if kind.has_m() { vec![0u16; stored_rows * nbp] } else { Vec::new() },
         };
+        let per_row = p.row_qs();
+        p.qs = vec![0u8; stored_rows * per_row];
         let mut codes = vec![0u8; nbp * BLOCK];
         let (mut d, mut m) = (vec![0u16; nbp], vec![0u16; nbp]);
         for r in 0..rows {
@@ -405,13 +402,12 @@ impl Packed {
                 Layout::Rows16 => rows16::store_row(&mut p, r, &codes, &d, &m),
                 Layout::RowPairs => {
                     let out = &mut p.qs[r * per_row..(r + 1) * per_row];
-                    match kind {
-                        Kind::Q8_0 | Kind::Q6K | Kind::Q5K | Kind::Q5_1 => out.copy_from_slice(&codes),
-                        Kind::Q4_0 | Kind::Q4_1 => {
-                            for q in 0..nbp / 2 {
-                                for j in 0..BLOCK {
-                                    out[q * 32 + j] = codes[2 * q * BLOCK + j] | (codes[(2 * q + 1) * BLOCK + j] << 4);
-                                }
+                    if kind.byte_codes() {
+                        out.copy_from_slice(&codes);
+                    } else {
+                        for q in 0..nbp / 2 {
+                            for j in 0..BLOCK {
+                                out[q * 32 + j] = codes[2 * q * BLOCK + j] | (codes[(2 * q + 1) * BLOCK + j] << 4);
                             }
                         }
                     }
@@ -432,15 +428,14 @@ impl Packed {
             Layout::Rows16 => rows16::load_codes(self, r, codes),
             Layout::RowPairs => {
                 let q = &self.qs[r * self.row_qs()..(r + 1) * self.row_qs()];
-                match self.kind {
-                    Kind::Q8_0 | Kind::Q6K | Kind::Q5K | Kind::Q5_1 => codes.copy_from_slice(q),
-                    Kind::Q4_0 | Kind::Q4_1 => {
-                        for p in 0..self.nbp / 2 {
-                            for j in 0..BLOCK {
-                                let byte = q[p * 32 + j];
-                                codes[2 * p * BLOCK + j] = byte & 0x0F;
-                                codes[(2 * p + 1) * BLOCK + j] = byte >> 4;
-                            }
+                if self.kind.byte_codes() {
+                    codes.copy_from_slice(q);
+                } else {
+                    for p in 0..self.nbp / 2 {
+                        for j in 0..BLOCK {
+                            let byte = q[p * 32 + j];
+                            codes[2 * p * BLOCK + j] = byte & 0x0F;
+                            codes[(2 * p + 1) * BLOCK + j] = byte >> 4;
                         }
                     }
                 }
@@ -692,250 +687,4 @@ pub(crate) fn offset_term(mu: &[f32], s: &[f32]) -> f32 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::acts::round_even_small;
-    use super::*;
-    use crate::testing::Rng;
-
-    #[test]
-    fn the_simd_quantizer_gives_the_reference_bits() {
-        let mut rng = Rng::new(21);
-        let (t, cols) = (37, 320);
-        let mut x = rng.normals(t * cols, 2.0);
-        x[..32].fill(0.0); // an all-zero block
-        x[40] = 1e-30;
-        let nb = cols / BLOCK;
-        for threads in [1, 2] {
-            let a = QActs::quantize_threads(&x, t, cols, threads);
-            for r in 0..t {
-                let (mut qs, mut d, mut s, mut s16) = (vec![0i8; cols], vec![0f32; nb], vec![0f32; nb], vec![0f32; nb]);
-                let mut hs = vec![0f32; 2 * nb];
-                quantize_row_ref(&x[r * cols..(r + 1) * cols], &mut qs, &mut d, &mut s, &mut s16, &mut hs);
-                assert_eq!(&a.qs[r * a.nbp * BLOCK..r * a.nbp * BLOCK + cols], &qs[..], "codes, row {r}");
-                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&a.d[r * a.nbp..r * a.nbp + nb]), bits(&d), "d, row {r}");
-                assert_eq!(bits(&a.s[r * a.nbp..r * a.nbp + nb]), bits(&s), "s, row {r}");
-                assert_eq!(bits(&a.s16[r * a.nbp..r * a.nbp + nb]), bits(&s16), "s16, row {r}");
-                assert_eq!(bits(&a.hs[2 * r * a.nbp..2 * r * a.nbp + 2 * nb]), bits(&hs), "hs, row {r}");
-                for b in 0..nb {
-                    let half = |h: usize| {
-                        qs[b * BLOCK + 16 * h..b * BLOCK + 16 * h + 16].iter().map(|&q| q as i32).sum::<i32>()
-                    };
-                    assert_eq!(hs[2 * b], d[b] * half(0) as f32, "hs, row {r} block {b}");
-                    assert_eq!(hs[2 * b + 1], d[b] * half(1) as f32, "hs, row {r} block {b}");
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn the_vectorisable_rounding_is_round_ties_even() {
-        let mut rng = Rng::new(3);
-        let ties = (-255..=255).map(|i| i as f32 * 0.5);
-        let near = ties.clone().flat_map(|x| [x.next_up(), x.next_down()]);
-        let random = (0..10_000).map(|_| rng.normal() * 60.0);
-        for x in ties.chain(near).chain(random).filter(|x| x.abs() <= 127.5) {
-            assert_eq!(round_even_small(x), x.round_ties_even(), "x = {x}");
-        }
-    }
-
-    /// Every path this CPU has, every tile shape remainder, against ggml's scalar references.
-    #[test]
-    fn every_isa_matches_ggml_vec_dot() {
-        eprintln!("paths on this CPU: {:?}", Isa::available());
-        let mut rng = Rng::new(17);
-        // Q5_1 takes the Q5_K tiles (16-row layout only).
-        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_1] {
-            for &(rows, cols, t) in &[
-                (1, 32, 1),
-                (7, 96, 3),
-                (9, 256, 5),
-                (16, 576, 8),
-                (5, 64, 13),
-                (33, 96, 37),
-                (40, 320, 17),
-                (6, 1088, 2),
-            ] {
-                let w = rng.normals(rows * cols, 0.4);
-                let x = rng.normals(t * cols, 1.5);
-                let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
-                let want = gemm_ref(ty, &data, rows, cols, &x, t);
-                let a = QActs::quantize(&x, t, cols);
-                // Every layout on every path: a path that does not read a layout falls back to one
-                // that does (the scalar loops at least), so each pair must still be right.
-                let layouts = [Layout::RowPairs, Layout::Rows16];
-                let packs = layouts.iter().filter_map(|&l| Packed::pack_as(ty, rows, cols, &data, l));
-                for (p, isa) in packs.flat_map(|p| Isa::available().into_iter().map(move |i| (p.clone(), i))) {
-                    let p = &p;
-                    let align = p.row_align();
-                    let mid = (rows / 2).next_multiple_of(align).min(rows);
-                    // Token-major output (the engine's layout) holds the same numbers.
-                    let mut tm = vec![f32::NAN; t * rows];
-                    for (lo, hi) in [(0, mid), (mid, rows)] {
-                        unsafe { gemm_rows_out(isa, p, &a, lo, hi, OutMat::token_major(tm.as_mut_ptr(), lo, rows)) };
-                    }
-                    let mut rm = vec![0f32; rows * t];
-                    gemm_rows(isa, p, &a, 0, rows, &mut rm);
-                    for o in 0..rows {
-                        for r in 0..t {
-                            assert_eq!(
-                                tm[r * rows + o],
-                                rm[o * t + r],
-                                "{} {} {:?} token-major ({o}, {r})",
-                                ty.name(),
-                                isa.name(),
-                                p.layout
-                            );
-                        }
-                    }
-                    for (lo, hi) in [(0, rows), (mid, rows)] {
-                        let mut got = vec![0f32; (hi - lo) * t];
-                        gemm_rows(isa, p, &a, lo, hi, &mut got);
-                        for (i, (g, e)) in got.iter().zip(&want[lo * t..hi * t]).enumerate() {
-                            let scale = 1.0 + e.abs();
-                            assert!(
-                                (g - e).abs() <= 2e-5 * scale * (cols as f32 / 32.0).sqrt(),
-                                "{} {} {:?} [{rows}x{cols}]·[{t}] rows {lo}..{hi} elem {i}: {g} vs {e}",
-                                ty.name(),
-                                isa.name(),
-                                p.layout
-                            );
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// Q6_K and Q5_K in the 16-row layout, on every path this CPU has (the scalar loops
-    /// included), against the product written out from ggml's own codes and scales
-    /// (`q6_k_halves`, `q5_k_blocks`: the scales and mins rounded to f16, the tiles' one
-    /// approximation) and the activations' 8-bit codes; and against ggml's `vec_dot_q*_K_q8_K`:
-    /// measured from the exact product of the file's dequantized rows, the tiles' error is no
-    /// larger than ggml's (whose activations are rounded per 256, ours per 32).
-    #[test]
-    fn k_quant_tiles_match_ggml_codes_and_scales() {
-        use crate::quant::k_quants::{q5_k_blocks, q6_k_halves, QK};
-        let f = |bits: u16| half::f16::from_bits(bits).to_f32() as f64;
-        let mut rng = Rng::new(23);
-        for ty in [GgmlType::Q6_K, GgmlType::Q5_K] {
-            for &(rows, cols, t) in &[(16, 256, 1), (21, 512, 3), (40, 768, 9), (17, 256, 17)] {
-                let w = rng.normals(rows * cols, 0.4);
-                let x = rng.normals(t * cols, 1.5);
-                let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
-                let name = ty.name();
-                assert!(
-                    Packed::pack_as(ty, rows, cols, &data, Layout::RowPairs).is_none(),
-                    "{name}: no row-pair tiles"
-                );
-                let p = Packed::pack_as(ty, rows, cols, &data, Layout::Rows16).expect("packs in 16-row groups");
-                assert_eq!(p.kind, if ty == GgmlType::Q6_K { Kind::Q6K } else { Kind::Q5K });
-                let a = QActs::quantize(&x, t, cols);
-                let bb = ty.block_bytes();
-                let mut want = vec![0f64; rows * t];
-                for o in 0..rows {
-                    let row = &data[o * cols / QK * bb..(o + 1) * cols / QK * bb];
-                    for (k, blk) in row.chunks_exact(bb).enumerate() {
-                        for r in 0..t {
-                            let (xq, dx) = a.row(r);
-                            let xs = &xq[k * QK..(k + 1) * QK];
-                            let dxs = &dx[k * 8..(k + 1) * 8];
-                            want[o * t + r] += if ty == GgmlType::Q6_K {
-                                let (q, sc) = q6_k_halves(blk).expect("finite scales");
-                                (0..16)
-                                    .map(|g| {
-                                        let isum: i32 =
-                                            (0..16).map(|i| q[16 * g + i] as i32 * xs[16 * g + i] as i32).sum();
-                                        f(sc[g]) * dxs[g / 2] as f64 * isum as f64
-                                    })
-                                    .sum::<f64>()
-                            } else {
-                                let (q, sc, mn) = q5_k_blocks(blk).expect("finite scales");
-                                (0..8)
-                                    .map(|j| {
-                                        let isum: i32 =
-                                            (0..32).map(|i| q[32 * j + i] as i32 * xs[32 * j + i] as i32).sum();
-                                        let xsum: i32 = xs[32 * j..32 * (j + 1)].iter().map(|&v| v as i32).sum();
-                                        dxs[j] as f64 * (f(sc[j]) * isum as f64 + f(mn[j]) * xsum as f64)
-                                    })
-                                    .sum::<f64>()
-                            };
-                        }
-                    }
-                }
-                for isa in Isa::available() {
-                    let mut got = vec![0f32; rows * t];
-                    gemm_rows(isa, &p, &a, 0, rows, &mut got);
-                    for (i, (g, e)) in got.iter().zip(&want).enumerate() {
-                        assert!(
-                            (*g as f64 - e).abs() <= 2e-5 * (1.0 + e.abs()) * (cols as f64 / 32.0).sqrt(),
-                            "{name} {} [{rows}x{cols}]·[{t}] elem {i}: {g} vs {e}",
-                            isa.name()
-                        );
-                    }
-                }
-                let ggml = gemm_ref(ty, &data, rows, cols, &x, t);
-                let mut got = vec![0f32; rows * t];
-                gemm_rows(Isa::best(), &p, &a, 0, rows, &mut got);
-                let mut deq = vec![0f32; rows * cols];
-                ty.dequantize_row(&data, &mut deq);
-                let exact: Vec<f64> = (0..rows * t)
-                    .map(|i| {
-                        let (o, r) = (i / t, i % t);
-                        (0..cols).map(|k| deq[o * cols + k] as f64 * x[r * cols + k] as f64).sum()
-                    })
-                    .collect();
-                let rms = |v: &[f32]| {
-                    (v.iter().zip(&exact).map(|(a, e)| (*a as f64 - e).powi(2)).sum::<f64>() / v.len() as f64).sqrt()
-                };
-                let (ours, theirs) = (rms(&got), rms(&ggml));
-                assert!(
-                    ours <= theirs,
-                    "{name} [{rows}x{cols}]·[{t}]: rms error {ours:.3e} against ggml's {theirs:.3e}"
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn packed_rows_dequantize_like_ggml_and_select() {
-        let mut rng = Rng::new(5);
-        let (rows, cols) = (20, 96); // more than one 16-row group
-        let cases = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0]
-            .into_iter()
-            .flat_map(|ty| [(ty, Layout::RowPairs), (ty, Layout::Rows16)])
-            .chain([
-                (GgmlType::Q6_K, Layout::Rows16),
-                (GgmlType::Q5_K, Layout::Rows16),
-                (GgmlType::Q5_1, Layout::Rows16),
-            ]);
-        for (ty, layout) in cases {
-            // K-quants: super-blocks of 256; scales and mins rounded to f16 (each term off by at
-            // most 2⁻¹¹ of itself; code·scale and min reach ~1.6 here and can cancel).
-            let (cols, tol) = if ty.block_elems() == 256 { (512, 2e-3) } else { (cols, 1e-6) };
-            let w = rng.normals(rows * cols, 0.4);
-            let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
-            let p = Packed::pack_as(ty, rows, cols, &data, layout).expect("every type packs in every layout");
-            let rb = ty.row_bytes(cols);
-            let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
-            let sel = p.select_rows(&[17, 4, 1]);
-            assert_eq!((sel.layout, sel.rows), (layout, 3));
-            for r in 0..rows {
-                ty.dequantize_row(&data[r * rb..(r + 1) * rb], &mut a);
-                let picked = [17, 4, 1].iter().position(|&s| s == r);
-                for (k, m) in [(Some(r), &p), (picked, &sel)] {
-                    let Some(k) = k else { continue };
-                    m.dequant_row(k, &mut b);
-                    for (x, y) in a.iter().zip(&b) {
-                        assert!((x - y).abs() <= tol * (1.0 + x.abs()), "{} {layout:?} row {r}: {x} vs {y}", ty.name());
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn scalar_path_is_always_there() {
-        assert_eq!(Isa::available()[0], Isa::Scalar);
-    }
-}
+mod tests;

@@ -378,9 +378,9 @@ pub unsafe fn gemm_avx2(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat
 /// # Safety
 /// The CPU must support AVX-512 F/BW.
 #[target_feature(enable = "avx512f,avx512bw")]
-pub unsafe fn quantize_row512(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32], s16: &mut [f32]) {
+pub unsafe fn quantize_row512(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32], s16: &mut [f32], hs: &mut [f32]) {
     let nb = d.len();
-    assert!(x.len() >= nb * BLOCK && qs.len() >= nb * BLOCK && s.len() >= nb && s16.len() >= nb);
+    assert!(x.len() >= nb * BLOCK && qs.len() >= nb * BLOCK && s.len() >= nb && s16.len() >= nb && hs.len() >= 2 * nb);
     let sign = _mm512_set1_ps(-0.0);
     for b in 0..nb {
         let v0 = _mm512_loadu_ps(x.as_ptr().add(b * BLOCK));
@@ -392,10 +392,13 @@ pub unsafe fn quantize_row512(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [
         let q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, id));
         _mm_storeu_si128(qs.as_mut_ptr().add(b * BLOCK) as *mut __m128i, _mm512_cvtsepi32_epi8(q0));
         _mm_storeu_si128(qs.as_mut_ptr().add(b * BLOCK + 16) as *mut __m128i, _mm512_cvtsepi32_epi8(q1));
-        let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        let (sum0, sum1) = (_mm512_reduce_add_epi32(q0), _mm512_reduce_add_epi32(q1));
+        let sum = sum0 + sum1;
         let dh = half::f16::from_f32(db).to_f32();
         d[b] = dh;
         s[b] = dh * sum as f32;
+        hs[2 * b] = dh * sum0 as f32;
+        hs[2 * b + 1] = dh * sum1 as f32;
         s16[b] = half::f16::from_f32(db * sum as f32).to_f32();
     }
 }

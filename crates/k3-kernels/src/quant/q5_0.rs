@@ -23,29 +23,37 @@ pub fn quantize_ref(x: &[f32]) -> Vec<u8> {
         let d = max / -16.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         out.extend_from_slice(&f16_le(d));
-        let mut qh = 0u32;
-        let mut qs = [0u8; BLOCK / 2];
-        for j in 0..BLOCK / 2 {
-            let q0 = ((blk[j] * id + 16.5) as i8).min(31) as u8;
-            let q1 = ((blk[BLOCK / 2 + j] * id + 16.5) as i8).min(31) as u8;
-            qs[j] = (q0 & 0x0F) | ((q1 & 0x0F) << 4);
-            qh |= (((q0 & 0x10) >> 4) as u32) << j;
-            qh |= (((q1 & 0x10) >> 4) as u32) << (j + 16);
-        }
-        out.extend_from_slice(&qh.to_le_bytes());
-        out.extend_from_slice(&qs);
+        let q: [u8; BLOCK] = std::array::from_fn(|i| ((blk[i] * id + 16.5) as i8).min(31) as u8);
+        out.extend_from_slice(&pack_five_bits(&q));
     }
     out
 }
 
+/// 32 five-bit codes as Q5_0 / Q5_1 store them, `u8 qh[4]; u8 qs[16]`: the low four bits of codes
+/// j and j + 16 in the low and high nibble of `qs[j]`, the fifth bit of code i in bit i of `qh`.
+pub(crate) fn pack_five_bits(q: &[u8; BLOCK]) -> [u8; 20] {
+    let mut out = [0u8; 20];
+    let qh = q.iter().enumerate().fold(0u32, |h, (i, &c)| h | (((c >> 4) & 1) as u32) << i);
+    out[..4].copy_from_slice(&qh.to_le_bytes());
+    for j in 0..BLOCK / 2 {
+        out[4 + j] = (q[j] & 0x0F) | ((q[j + 16] & 0x0F) << 4);
+    }
+    out
+}
+
+/// The inverse of [`pack_five_bits`]: the 32 codes (0..32) of `qh[4] qs[16]`, in element order.
+pub(crate) fn unpack_five_bits(b: &[u8]) -> [u8; BLOCK] {
+    let qh = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    std::array::from_fn(|i| {
+        let byte = b[4 + i % 16];
+        let low = if i < 16 { byte & 0x0F } else { byte >> 4 };
+        low | ((((qh >> i) & 1) as u8) << 4)
+    })
+}
+
 /// Block `blk`'s 32 codes q (0..32) in element order.
 fn codes(blk: &[u8]) -> [i32; BLOCK] {
-    let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
-    std::array::from_fn(|i| {
-        let (j, hi) = (i % 16, i / 16);
-        let low = if hi == 0 { blk[6 + j] & 0x0F } else { blk[6 + j] >> 4 };
-        (low as i32) | ((((qh >> i) & 1) as i32) << 4)
-    })
+    unpack_five_bits(&blk[2..]).map(|q| q as i32)
 }
 
 pub fn dequantize_ref(b: &[u8], out: &mut [f32]) {

@@ -18,29 +18,15 @@ pub fn quantize_ref(x: &[f32]) -> Vec<u8> {
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         out.extend_from_slice(&f16_le(d));
         out.extend_from_slice(&f16_le(min));
-        let mut qh = 0u32;
-        let mut qs = [0u8; BLOCK / 2];
-        for j in 0..BLOCK / 2 {
-            let q0 = ((blk[j] - min) * id + 0.5) as u8;
-            let q1 = ((blk[BLOCK / 2 + j] - min) * id + 0.5) as u8;
-            qs[j] = (q0 & 0x0F) | ((q1 & 0x0F) << 4);
-            qh |= (((q0 & 0x10) >> 4) as u32) << j;
-            qh |= (((q1 & 0x10) >> 4) as u32) << (j + 16);
-        }
-        out.extend_from_slice(&qh.to_le_bytes());
-        out.extend_from_slice(&qs);
+        let q: [u8; BLOCK] = std::array::from_fn(|i| ((blk[i] - min) * id + 0.5) as u8);
+        out.extend_from_slice(&super::q5_0::pack_five_bits(&q));
     }
     out
 }
 
 /// Block `blk`'s 32 codes q (0..32) in element order.
 pub fn codes(blk: &[u8]) -> [u8; BLOCK] {
-    let qh = u32::from_le_bytes([blk[4], blk[5], blk[6], blk[7]]);
-    std::array::from_fn(|i| {
-        let (j, hi) = (i % 16, i / 16);
-        let low = if hi == 0 { blk[8 + j] & 0x0F } else { blk[8 + j] >> 4 };
-        low | ((((qh >> i) & 1) as u8) << 4)
-    })
+    super::q5_0::unpack_five_bits(&blk[4..])
 }
 
 pub fn dequantize_ref(b: &[u8], out: &mut [f32]) {

@@ -1,0 +1,227 @@
+//! The integer products against ggml's references: every layout on every path this CPU has.
+
+use super::acts::round_even_small;
+use super::*;
+use crate::testing::Rng;
+
+#[test]
+fn the_simd_quantizer_gives_the_reference_bits() {
+    let mut rng = Rng::new(21);
+    let (t, cols) = (37, 320);
+    let mut x = rng.normals(t * cols, 2.0);
+    x[..32].fill(0.0); // an all-zero block
+    x[40] = 1e-30;
+    let nb = cols / BLOCK;
+    for threads in [1, 2] {
+        let a = QActs::quantize_threads(&x, t, cols, threads);
+        for r in 0..t {
+            let (mut qs, mut d, mut s, mut s16) = (vec![0i8; cols], vec![0f32; nb], vec![0f32; nb], vec![0f32; nb]);
+            let mut hs = vec![0f32; 2 * nb];
+            quantize_row_ref(&x[r * cols..(r + 1) * cols], &mut qs, &mut d, &mut s, &mut s16, &mut hs);
+            assert_eq!(&a.qs[r * a.nbp * BLOCK..r * a.nbp * BLOCK + cols], &qs[..], "codes, row {r}");
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a.d[r * a.nbp..r * a.nbp + nb]), bits(&d), "d, row {r}");
+            assert_eq!(bits(&a.s[r * a.nbp..r * a.nbp + nb]), bits(&s), "s, row {r}");
+            assert_eq!(bits(&a.s16[r * a.nbp..r * a.nbp + nb]), bits(&s16), "s16, row {r}");
+            assert_eq!(bits(&a.hs[2 * r * a.nbp..2 * r * a.nbp + 2 * nb]), bits(&hs), "hs, row {r}");
+            for b in 0..nb {
+                let half =
+                    |h: usize| qs[b * BLOCK + 16 * h..b * BLOCK + 16 * h + 16].iter().map(|&q| q as i32).sum::<i32>();
+                assert_eq!(hs[2 * b], d[b] * half(0) as f32, "hs, row {r} block {b}");
+                assert_eq!(hs[2 * b + 1], d[b] * half(1) as f32, "hs, row {r} block {b}");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_vectorisable_rounding_is_round_ties_even() {
+    let mut rng = Rng::new(3);
+    let ties = (-255..=255).map(|i| i as f32 * 0.5);
+    let near = ties.clone().flat_map(|x| [x.next_up(), x.next_down()]);
+    let random = (0..10_000).map(|_| rng.normal() * 60.0);
+    for x in ties.chain(near).chain(random).filter(|x| x.abs() <= 127.5) {
+        assert_eq!(round_even_small(x), x.round_ties_even(), "x = {x}");
+    }
+}
+
+/// Every path this CPU has, every tile shape remainder, against ggml's scalar references.
+#[test]
+fn every_isa_matches_ggml_vec_dot() {
+    eprintln!("paths on this CPU: {:?}", Isa::available());
+    let mut rng = Rng::new(17);
+    // Q5_1 takes the Q5_K tiles (16-row layout only).
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_1] {
+        for &(rows, cols, t) in
+            &[(1, 32, 1), (7, 96, 3), (9, 256, 5), (16, 576, 8), (5, 64, 13), (33, 96, 37), (40, 320, 17), (6, 1088, 2)]
+        {
+            let w = rng.normals(rows * cols, 0.4);
+            let x = rng.normals(t * cols, 1.5);
+            let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
+            let want = gemm_ref(ty, &data, rows, cols, &x, t);
+            let a = QActs::quantize(&x, t, cols);
+            // Every layout on every path: a path that does not read a layout falls back to one
+            // that does (the scalar loops at least), so each pair must still be right.
+            let layouts = [Layout::RowPairs, Layout::Rows16];
+            let packs = layouts.iter().filter_map(|&l| Packed::pack_as(ty, rows, cols, &data, l));
+            for (p, isa) in packs.flat_map(|p| Isa::available().into_iter().map(move |i| (p.clone(), i))) {
+                let p = &p;
+                let align = p.row_align();
+                let mid = (rows / 2).next_multiple_of(align).min(rows);
+                // Token-major output (the engine's layout) holds the same numbers.
+                let mut tm = vec![f32::NAN; t * rows];
+                for (lo, hi) in [(0, mid), (mid, rows)] {
+                    unsafe { gemm_rows_out(isa, p, &a, lo, hi, OutMat::token_major(tm.as_mut_ptr(), lo, rows)) };
+                }
+                let mut rm = vec![0f32; rows * t];
+                gemm_rows(isa, p, &a, 0, rows, &mut rm);
+                for o in 0..rows {
+                    for r in 0..t {
+                        assert_eq!(
+                            tm[r * rows + o],
+                            rm[o * t + r],
+                            "{} {} {:?} token-major ({o}, {r})",
+                            ty.name(),
+                            isa.name(),
+                            p.layout
+                        );
+                    }
+                }
+                for (lo, hi) in [(0, rows), (mid, rows)] {
+                    let mut got = vec![0f32; (hi - lo) * t];
+                    gemm_rows(isa, p, &a, lo, hi, &mut got);
+                    for (i, (g, e)) in got.iter().zip(&want[lo * t..hi * t]).enumerate() {
+                        let scale = 1.0 + e.abs();
+                        assert!(
+                            (g - e).abs() <= 2e-5 * scale * (cols as f32 / 32.0).sqrt(),
+                            "{} {} {:?} [{rows}x{cols}]·[{t}] rows {lo}..{hi} elem {i}: {g} vs {e}",
+                            ty.name(),
+                            isa.name(),
+                            p.layout
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Q6_K and Q5_K in the 16-row layout, on every path this CPU has (the scalar loops
+/// included), against the product written out from ggml's own codes and scales
+/// (`q6_k_halves`, `q5_k_blocks`: the scales and mins rounded to f16, the tiles' one
+/// approximation) and the activations' 8-bit codes; and against ggml's `vec_dot_q*_K_q8_K`:
+/// measured from the exact product of the file's dequantized rows, the tiles' error is no
+/// larger than ggml's (whose activations are rounded per 256, ours per 32).
+#[test]
+fn k_quant_tiles_match_ggml_codes_and_scales() {
+    use crate::quant::k_quants::{q5_k_blocks, q6_k_halves, QK};
+    let f = |bits: u16| half::f16::from_bits(bits).to_f32() as f64;
+    let mut rng = Rng::new(23);
+    for ty in [GgmlType::Q6_K, GgmlType::Q5_K] {
+        for &(rows, cols, t) in &[(16, 256, 1), (21, 512, 3), (40, 768, 9), (17, 256, 17)] {
+            let w = rng.normals(rows * cols, 0.4);
+            let x = rng.normals(t * cols, 1.5);
+            let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
+            let name = ty.name();
+            assert!(Packed::pack_as(ty, rows, cols, &data, Layout::RowPairs).is_none(), "{name}: no row-pair tiles");
+            let p = Packed::pack_as(ty, rows, cols, &data, Layout::Rows16).expect("packs in 16-row groups");
+            assert_eq!(p.kind, if ty == GgmlType::Q6_K { Kind::Q6K } else { Kind::Q5K });
+            let a = QActs::quantize(&x, t, cols);
+            let bb = ty.block_bytes();
+            let mut want = vec![0f64; rows * t];
+            for o in 0..rows {
+                let row = &data[o * cols / QK * bb..(o + 1) * cols / QK * bb];
+                for (k, blk) in row.chunks_exact(bb).enumerate() {
+                    for r in 0..t {
+                        let (xq, dx) = a.row(r);
+                        let xs = &xq[k * QK..(k + 1) * QK];
+                        let dxs = &dx[k * 8..(k + 1) * 8];
+                        want[o * t + r] += if ty == GgmlType::Q6_K {
+                            let (q, sc) = q6_k_halves(blk).expect("finite scales");
+                            (0..16)
+                                .map(|g| {
+                                    let isum: i32 = (0..16).map(|i| q[16 * g + i] as i32 * xs[16 * g + i] as i32).sum();
+                                    f(sc[g]) * dxs[g / 2] as f64 * isum as f64
+                                })
+                                .sum::<f64>()
+                        } else {
+                            let (q, sc, mn) = q5_k_blocks(blk).expect("finite scales");
+                            (0..8)
+                                .map(|j| {
+                                    let isum: i32 = (0..32).map(|i| q[32 * j + i] as i32 * xs[32 * j + i] as i32).sum();
+                                    let xsum: i32 = xs[32 * j..32 * (j + 1)].iter().map(|&v| v as i32).sum();
+                                    dxs[j] as f64 * (f(sc[j]) * isum as f64 + f(mn[j]) * xsum as f64)
+                                })
+                                .sum::<f64>()
+                        };
+                    }
+                }
+            }
+            for isa in Isa::available() {
+                let mut got = vec![0f32; rows * t];
+                gemm_rows(isa, &p, &a, 0, rows, &mut got);
+                for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (*g as f64 - e).abs() <= 2e-5 * (1.0 + e.abs()) * (cols as f64 / 32.0).sqrt(),
+                        "{name} {} [{rows}x{cols}]·[{t}] elem {i}: {g} vs {e}",
+                        isa.name()
+                    );
+                }
+            }
+            let ggml = gemm_ref(ty, &data, rows, cols, &x, t);
+            let mut got = vec![0f32; rows * t];
+            gemm_rows(Isa::best(), &p, &a, 0, rows, &mut got);
+            let mut deq = vec![0f32; rows * cols];
+            ty.dequantize_row(&data, &mut deq);
+            let exact: Vec<f64> = (0..rows * t)
+                .map(|i| {
+                    let (o, r) = (i / t, i % t);
+                    (0..cols).map(|k| deq[o * cols + k] as f64 * x[r * cols + k] as f64).sum()
+                })
+                .collect();
+            let rms = |v: &[f32]| {
+                (v.iter().zip(&exact).map(|(a, e)| (*a as f64 - e).powi(2)).sum::<f64>() / v.len() as f64).sqrt()
+            };
+            let (ours, theirs) = (rms(&got), rms(&ggml));
+            assert!(ours <= theirs, "{name} [{rows}x{cols}]·[{t}]: rms error {ours:.3e} against ggml's {theirs:.3e}");
+        }
+    }
+}
+
+#[test]
+fn packed_rows_dequantize_like_ggml_and_select() {
+    let mut rng = Rng::new(5);
+    let (rows, cols) = (20, 96); // more than one 16-row group
+    let cases = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0]
+        .into_iter()
+        .flat_map(|ty| [(ty, Layout::RowPairs), (ty, Layout::Rows16)])
+        .chain([(GgmlType::Q6_K, Layout::Rows16), (GgmlType::Q5_K, Layout::Rows16), (GgmlType::Q5_1, Layout::Rows16)]);
+    for (ty, layout) in cases {
+        // K-quants: super-blocks of 256; scales and mins rounded to f16 (each term off by at
+        // most 2⁻¹¹ of itself; code·scale and min reach ~1.6 here and can cancel).
+        let (cols, tol) = if ty.block_elems() == 256 { (512, 2e-3) } else { (cols, 1e-6) };
+        let w = rng.normals(rows * cols, 0.4);
+        let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
+        let p = Packed::pack_as(ty, rows, cols, &data, layout).expect("every type packs in every layout");
+        let rb = ty.row_bytes(cols);
+        let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
+        let sel = p.select_rows(&[17, 4, 1]);
+        assert_eq!((sel.layout, sel.rows), (layout, 3));
+        for r in 0..rows {
+            ty.dequantize_row(&data[r * rb..(r + 1) * rb], &mut a);
+            let picked = [17, 4, 1].iter().position(|&s| s == r);
+            for (k, m) in [(Some(r), &p), (picked, &sel)] {
+                let Some(k) = k else { continue };
+                m.dequant_row(k, &mut b);
+                for (x, y) in a.iter().zip(&b) {
+                    assert!((x - y).abs() <= tol * (1.0 + x.abs()), "{} {layout:?} row {r}: {x} vs {y}", ty.name());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn scalar_path_is_always_there() {
+    assert_eq!(Isa::available()[0], Isa::Scalar);
+}
