@@ -18,7 +18,7 @@ pub struct Matrix {
     pub ty: GgmlType,
     /// Raw rows in `ty`'s encoding, `rows × ty.row_bytes(cols)` bytes; empty once `packed`.
     pub data: Vec<u8>,
-    /// The integer kernels' layout of a Q4_0 / Q4_1 / Q8_0 matrix (then the only copy).
+    /// The integer kernels' layout of a matrix whose type has them (then the only copy).
     pub packed: Option<Arc<Packed>>,
     /// The GGUF tensor this matrix is (calibration records its inputs under this name).
     pub name: Option<Arc<str>>,
@@ -26,7 +26,7 @@ pub struct Matrix {
 
 impl Matrix {
     /// A matrix from raw ggml rows, repacked for the integer kernels when its type has them
-    /// (Q4_K and Q5_0 as Q4_1 and Q8_0 tiles, see `Packed::pack`).
+    /// (Q4_K as Q4_1 tiles, the Q5 types and Q6_K as nibbles plus high-bit planes: `Packed::pack`).
     pub fn new(rows: usize, cols: usize, ty: GgmlType, data: Vec<u8>) -> Self {
         debug_assert_eq!(data.len(), rows * ty.row_bytes(cols));
         match Packed::pack(ty, rows, cols, &data) {
@@ -341,8 +341,8 @@ mod tests {
         }
     }
 
-    /// Q4_K (repacked as Q4_1 tiles), Q5_K and Q5_1 (byte-code tiles with a min), Q6_K (16-row
-    /// tiles with a scale per 16 codes) and Q5_0 (repacked as Q8_0): the quantized product
+    /// Q4_K (repacked as Q4_1 tiles), Q5_K, Q5_1 and Q5_0 (nibble tiles with a high-bit plane;
+    /// Q5_0 as Q8_0 in row pairs), Q6_K (two planes, a scale per 16 codes): the quantized product
     /// against the f64 dot of the file's own dequantized rows (for Q4_K that also bounds the f16
     /// rounding of the repacked scales).
     #[test]

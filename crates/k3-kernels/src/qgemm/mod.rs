@@ -138,28 +138,45 @@ pub enum Kind {
     Q4_0,
     Q4_1,
     Q8_0,
-    /// Q6_K's codes at a byte each as Q8_0 stores its own (q − 32 + 128), with a scale per 16
-    /// codes: `d` holds each block's first-half scale and `m` its second-half one (f16 of Q6_K's
-    /// d·sc). Only in [`Layout::Rows16`]; its offsets pair with the activations' half sums.
+    /// Q5_0's 5-bit codes (0..31, as stored) with Q4_0's arithmetic: value `(u − 16)·d`. Only in
+    /// [`Layout::Rows16`] (elsewhere Q5_0 rows enter as the Q8_0 blocks they equal).
+    Q5_0,
+    /// Q6_K's 6-bit codes (0..63, as stored) with a scale per 16 codes: `d` holds each block's
+    /// first-half scale and `m` its second-half one (f16 of Q6_K's d·sc), value `(u − 32)·scale`.
+    /// Only in [`Layout::Rows16`]; its offsets pair with the activations' half sums.
     Q6K,
-    /// Q5_K's 5-bit codes at a byte each, as they are (0..31), with Q4_1's arithmetic: value
-    /// `u·d + m`, `d` and `m` f16 of the sub-block's d·sc and −dmin·m, offsets from the exact
-    /// activation sums (ggml's Q8_K sums are exact). Only in [`Layout::Rows16`].
+    /// Q5_K's 5-bit codes (0..31, as stored) with Q4_1's arithmetic: value `u·d + m`, `d` and `m`
+    /// f16 of the sub-block's d·sc and −dmin·m, offsets from the exact activation sums (ggml's
+    /// Q8_K sums are exact). Only in [`Layout::Rows16`].
     Q5K,
-    /// Q5_1 in [`Kind::Q5K`]'s tiles, exactly (its own f16 scale and min), the offsets from the
+    /// Q5_1 as [`Kind::Q5K`], exactly (its own f16 scale and min), the offsets from the
     /// f16-rounded activation sums as its Q8_1 partner rounds them.
     Q5_1,
 }
 
 impl Kind {
-    /// A byte a code (Q8_0, Q6_K), not a nibble.
+    /// A byte a code (Q8_0), not a nibble plus high-bit planes.
     pub(crate) fn byte_codes(self) -> bool {
-        matches!(self, Kind::Q8_0 | Kind::Q6K | Kind::Q5K | Kind::Q5_1)
+        self == Kind::Q8_0
     }
 
-    /// Whether `m` holds a second array (Q4_1's and Q5_K's mins, Q6_K's second-half scales).
+    /// Bits of each code beyond its low nibble, stored as bit planes in the 16-row layout.
+    pub(crate) fn planes(self) -> usize {
+        match self {
+            Kind::Q4_0 | Kind::Q4_1 | Kind::Q8_0 => 0,
+            Kind::Q5_0 | Kind::Q5K | Kind::Q5_1 => 1,
+            Kind::Q6K => 2,
+        }
+    }
+
+    /// Whether `m` holds a second array (Q4_1's and Q5's mins, Q6_K's second-half scales).
     pub(crate) fn has_m(self) -> bool {
         matches!(self, Kind::Q4_1 | Kind::Q6K | Kind::Q5K | Kind::Q5_1)
+    }
+
+    /// The kinds that exist only in [`Layout::Rows16`].
+    pub(crate) fn rows16_only(self) -> bool {
+        self.planes() > 0
     }
 }
 
@@ -214,15 +231,11 @@ fn rows16_avx2() -> bool {
 /// 32-code blocks' `d` and `m` (f16 bits).
 type SuperBlock = ([u8; QK], [u16; 8], [u16; 8]);
 
-/// A Q6_K super-block for [`Kind::Q6K`]: codes q − 32 + 128, each block's first-half scale in `d`
-/// and second-half one in `m`.
+/// A Q6_K super-block for [`Kind::Q6K`]: codes as stored (0..63), each block's first-half scale
+/// in `d` and second-half one in `m`.
 fn q6_k_super_block(blk: &[u8]) -> Option<SuperBlock> {
     let (q, sc) = q6_k_halves(blk)?;
-    Some((
-        q.map(|q| (q as i32 + 128) as u8),
-        std::array::from_fn(|j| sc[2 * j]),
-        std::array::from_fn(|j| sc[2 * j + 1]),
-    ))
+    Some((q.map(|q| (q as i32 + 32) as u8), std::array::from_fn(|j| sc[2 * j]), std::array::from_fn(|j| sc[2 * j + 1])))
 }
 
 /// A weight matrix [rows, cols] repacked for the kernels, in one [`Layout`]. Scales stay f16
@@ -244,15 +257,16 @@ impl Packed {
     /// Repack ggml rows of `ty` (`rows × ty.row_bytes(cols)` bytes) in the layout this CPU's
     /// kernels read. `None` for types the integer kernels do not take. Q4_K rows enter as the
     /// Q4_1 blocks their sub-blocks are (`k_quants::q4_k_as_q4_1`: scales and mins rounded to
-    /// f16, 5 bits a weight instead of 4.5), Q5_0 rows as the Q8_0 blocks they equal exactly
-    /// (`q5_0::as_q8_0`), so both take tiles instead of one row dot per token. Q6_K, Q5_K and
-    /// Q5_1 rows enter the 16-row layout as byte codes ([`Kind::Q6K`], [`Kind::Q5K`],
-    /// [`Kind::Q5_1`]; 8.5–9 bits a weight), which has no row-pair form: they take that layout
+    /// f16, 5 bits a weight instead of 4.5), so they take tiles instead of one row dot per
+    /// token. Q5_0, Q5_1, Q5_K and Q6_K rows enter the 16-row layout as nibbles plus one or two
+    /// high-bit planes ([`Kind::Q5_0`], [`Kind::Q5_1`], [`Kind::Q5K`], [`Kind::Q6K`]; 6 bits a
+    /// weight for the Q5 types, 7 for Q6_K), which has no row-pair form: they take that layout
     /// wherever its SIMD kernels run, also on CPUs whose other matrices are in row pairs (AMX
-    /// hosts, `K3MINI_LAYOUT=rowpairs`), and stay on row dots (`None`) elsewhere.
+    /// hosts, `K3MINI_LAYOUT=rowpairs`). Elsewhere Q5_0 rows enter as the Q8_0 blocks they equal
+    /// exactly (`q5_0::as_q8_0`) and the others stay on row dots (`None`).
     pub fn pack(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Option<Packed> {
         let layout = match ty {
-            GgmlType::Q5_1 | GgmlType::Q5_K | GgmlType::Q6_K if rows16_simd() => Layout::Rows16,
+            GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5_K | GgmlType::Q6_K if rows16_simd() => Layout::Rows16,
             _ => Layout::best(),
         };
         Self::pack_as(ty, rows, cols, data, layout)
@@ -275,16 +289,17 @@ impl Packed {
                 let q41 = crate::quant::k_quants::q4_k_as_q4_1(data);
                 return Self::pack_as(GgmlType::Q4_1, rows, cols, &q41, layout);
             }
-            GgmlType::Q5_0 => {
+            GgmlType::Q5_0 if layout == Layout::RowPairs => {
                 return Self::pack_as(GgmlType::Q8_0, rows, cols, &crate::quant::q5_0::as_q8_0(data), layout)
             }
+            GgmlType::Q5_0 => return Self::pack_q5(Kind::Q5_0, rows, cols, data, layout),
             GgmlType::Q6_K => {
                 return Self::pack_super_blocks(Kind::Q6K, (rows, cols, data, layout), Q6K_BYTES, q6_k_super_block)
             }
             GgmlType::Q5_K => {
                 return Self::pack_super_blocks(Kind::Q5K, (rows, cols, data, layout), Q5K_BYTES, q5_k_blocks)
             }
-            GgmlType::Q5_1 => return Self::pack_q5_1(rows, cols, data, layout),
+            GgmlType::Q5_1 => return Self::pack_q5(Kind::Q5_1, rows, cols, data, layout),
             _ => {}
         }
         let (kind, bb, off) = Self::block_kind(ty)?;
@@ -348,27 +363,31 @@ impl Packed {
         (!refused.get()).then_some(p)
     }
 
-    /// Q5_1 rows as [`Kind::Q5_1`] in the 16-row layout, exactly (its f16 scale and min, codes
-    /// 0..31); `None` in row pairs.
-    fn pack_q5_1(rows: usize, cols: usize, data: &[u8], layout: Layout) -> Option<Packed> {
-        use crate::quant::q5_1::{codes, BYTES};
+    /// Q5_0 or Q5_1 rows (`kind`) in the 16-row layout, exactly (their f16 scale and, for Q5_1,
+    /// min; codes 0..31); `None` in row pairs.
+    fn pack_q5(kind: Kind, rows: usize, cols: usize, data: &[u8], layout: Layout) -> Option<Packed> {
+        use crate::quant::q5_0::unpack_five_bits;
         if layout != Layout::Rows16 || !cols.is_multiple_of(BLOCK) {
             return None;
         }
-        let nb = cols / BLOCK;
-        debug_assert_eq!(data.len(), rows * nb * BYTES);
-        Some(Self::from_rows(Kind::Q5_1, layout, rows, cols, |r, c, d, m| {
-            for (b, blk) in data[r * nb * BYTES..(r + 1) * nb * BYTES].chunks_exact(BYTES).enumerate() {
-                c[b * BLOCK..(b + 1) * BLOCK].copy_from_slice(&codes(blk));
+        // f16 d (and for Q5_1 f16 m), then `u8 qh[4]; u8 qs[16]`.
+        let head = if kind == Kind::Q5_1 { 4 } else { 2 };
+        let (nb, bytes) = (cols / BLOCK, head + 20);
+        debug_assert_eq!(data.len(), rows * nb * bytes);
+        Some(Self::from_rows(kind, layout, rows, cols, |r, c, d, m| {
+            for (b, blk) in data[r * nb * bytes..(r + 1) * nb * bytes].chunks_exact(bytes).enumerate() {
+                c[b * BLOCK..(b + 1) * BLOCK].copy_from_slice(&unpack_five_bits(&blk[head..]));
                 d[b] = u16::from_le_bytes([blk[0], blk[1]]);
-                m[b] = u16::from_le_bytes([blk[2], blk[3]]);
+                if kind == Kind::Q5_1 {
+                    m[b] = u16::from_le_bytes([blk[2], blk[3]]);
+                }
             }
         }))
     }
 
-    /// Build from rows given as unsigned codes (`nbp·32`; Q8_0 and Q6_K as code + 128, Q5_K and
-    /// Q5_1 as they are), f16 scales and mins or second-half scales (`nbp` each); `row` fills
-    /// them for row r (pad blocks are left zero, byte codes 128).
+    /// Build from rows given as unsigned codes (`nbp·32`; Q8_0 as code + 128, the others as
+    /// stored), f16 scales and mins or second-half scales (`nbp` each); `row` fills them for row r
+    /// (pad blocks are left zero, byte codes 128).
     fn from_rows(
         kind: Kind,
         layout: Layout,
@@ -401,6 +420,7 @@ impl Packed {
             match layout {
                 Layout::Rows16 => rows16::store_row(&mut p, r, &codes, &d, &m),
                 Layout::RowPairs => {
+                    assert!(!kind.rows16_only(), "{kind:?} has no row-pair layout");
                     let out = &mut p.qs[r * per_row..(r + 1) * per_row];
                     if kind.byte_codes() {
                         out.copy_from_slice(&codes);
@@ -421,8 +441,7 @@ impl Packed {
         p
     }
 
-    /// Row r's unsigned codes (`nbp·32`; Q8 and Q6_K as code + 128), in element order, from any
-    /// layout.
+    /// Row r's unsigned codes (`nbp·32`; Q8_0 as code + 128), in element order, from any layout.
     pub(crate) fn row_codes(&self, r: usize, codes: &mut [u8]) {
         match self.layout {
             Layout::Rows16 => rows16::load_codes(self, r, codes),
@@ -492,12 +511,12 @@ impl Packed {
         }
     }
 
-    /// Bytes of codes per row.
+    /// Bytes of codes (and high-bit planes) per row.
     pub(crate) fn row_qs(&self) -> usize {
         if self.kind.byte_codes() {
             self.nbp * 32
         } else {
-            self.nbp * 16
+            self.nbp * (16 + 4 * self.kind.planes())
         }
     }
 
@@ -509,6 +528,7 @@ impl Packed {
             dw[b] = d;
             mu[b] = match self.kind {
                 Kind::Q4_0 => -8.0 * d,
+                Kind::Q5_0 => -16.0 * d,
                 Kind::Q8_0 => -128.0 * d,
                 Kind::Q4_1 | Kind::Q5K | Kind::Q5_1 => half::f16::from_bits(self.m[i]).to_f32(),
                 Kind::Q6K => unreachable!("Q6_K's scales change every 16 codes: half_scales"),
@@ -533,7 +553,7 @@ impl Packed {
             let i = self.scale_at(r, b);
             for (h, bits) in [self.d[i], self.m[i]].into_iter().enumerate() {
                 dw[2 * b + h] = half::f16::from_bits(bits).to_f32();
-                mu[2 * b + h] = -128.0 * dw[2 * b + h];
+                mu[2 * b + h] = -32.0 * dw[2 * b + h];
             }
         }
     }
@@ -614,10 +634,7 @@ pub unsafe fn gemm_rows_out(isa: Isa, w: &Packed, a: &QActs, lo: usize, hi: usiz
         "activations shorter than their T × nbp blocks"
     );
     assert_eq!(w.nbp, a.nbp, "weight and activation widths differ");
-    assert!(
-        !matches!(w.kind, Kind::Q6K | Kind::Q5K | Kind::Q5_1) || w.layout == Layout::Rows16,
-        "Q5 / Q6_K tiles exist only in 16-row groups"
-    );
+    assert!(!w.kind.rows16_only() || w.layout == Layout::Rows16, "Q5 / Q6_K tiles exist only in 16-row groups");
     assert!(hi <= w.rows && lo <= hi);
     assert!(
         lo.is_multiple_of(w.row_align()) || lo == hi,

@@ -19,9 +19,17 @@
 //! layout). The kernel flips it back to signed and takes each 4-term product by the sign trick
 //! (|w| · x·sign(w): vpmaddubsw's pairs stay ≤ 2·128·127), widened to 32 bits per group; with
 //! VNNI, vpdpbusd takes the unsigned code + 128 as it is and the block's `128·s` comes off after.
-//! The other byte-code kinds share the Q8_0 arrangement: Q6_K (codes q − 32 + 128, a scale per 16
-//! codes in `d` and `m`, each half of a block summed into its own lanes) and Q5_K / Q5_1 (codes
-//! 0..31 as they are, Q4_1's scale-and-min arithmetic).
+//!
+//! The 5- and 6-bit kinds keep Q4's 256 nibble bytes and add their high bits as bit planes, 64
+//! bytes a plane per group and block (Q5_0, Q5_1, Q5_K: one plane, 320 bytes, 6 bits a weight
+//! with the scales; Q6_K: two, 384 bytes, 7 bits a weight with its two scales a block). For each
+//! 4-code group g (codes 4g..4g + 4, g < 8) and plane p, 8 bytes at `256 + (g·P + p)·8` are a
+//! 64-bit mask whose bit `r·4 + e` is bit 4 + p of code 4g + e of row r: exactly the byte lanes
+//! of the group's nibble vector, so one masked byte add (`vpaddb` under the mask) per plane puts
+//! the bit in place. The codes are then unsigned (Q5: 0..31, Q6_K: 0..63) and take vpdpbusd as
+//! they are. Q5_0 has Q4_0's arithmetic (offset −16 instead of −8), Q5_1 and Q5_K Q4_1's (a min
+//! a block), Q6_K a scale per 16 codes (`d` for codes 0..16 of a block, `m` for 16..32: the two
+//! accumulator sets, offset −32 against the activations' half sums).
 //! Dims: nbp blocks per row (even), R = 16 rows per group, C tokens per tile.
 
 use super::{Kind, Layout, OutMat, Packed, QActs, BLOCK};
@@ -32,13 +40,15 @@ pub const ROWS: usize = 16;
 const GROUP_BLOCK: usize = ROWS * BLOCK / 2;
 /// Bytes of Q8 codes per group and block.
 const GROUP_BLOCK_Q8: usize = ROWS * BLOCK;
+/// Bytes of one high-bit plane per group and block (a bit a code).
+const PLANE: usize = ROWS * BLOCK / 8;
 
 /// Bytes of codes per group and block for `kind`.
 fn group_block(kind: Kind) -> usize {
     if kind.byte_codes() {
         GROUP_BLOCK_Q8
     } else {
-        GROUP_BLOCK
+        GROUP_BLOCK + kind.planes() * PLANE
     }
 }
 
@@ -54,23 +64,36 @@ fn code_at(kind: Kind, r: usize, k: usize) -> (usize, u32) {
     }
 }
 
+/// Byte offset and bit of plane p's bit of code k (< 32) of row r (< 16) within a group-block:
+/// the planes follow the nibbles, a 64-bit lane mask per 4-code group and plane.
+#[inline]
+fn plane_at(planes: usize, r: usize, k: usize, p: usize) -> (usize, u32) {
+    let bit = r * 4 + k % 4;
+    (GROUP_BLOCK + ((k / 4) * planes + p) * 8 + bit / 8, (bit % 8) as u32)
+}
+
 /// Index of row r's block b scale in `d` / `m`.
 #[inline]
 pub(crate) fn scale_at(nbp: usize, r: usize, b: usize) -> usize {
     ((r / ROWS) * nbp + b) * ROWS + r % ROWS
 }
 
-/// Store row r's codes (Q4: < 16; Q8: code + 128), scales and mins (`nbp` each; mins only for
-/// Q4_1).
+/// Store row r's codes (Q4: < 16; Q5: < 32; Q6_K: < 64; Q8: code + 128), scales and mins or
+/// second scales (`nbp` each; `m` only where the kind has it).
 pub(crate) fn store_row(p: &mut Packed, r: usize, codes: &[u8], d: &[u16], m: &[u16]) {
     debug_assert_eq!(p.layout, Layout::Rows16);
-    let (nbp, gb) = (p.nbp, group_block(p.kind));
+    let (nbp, gb, planes) = (p.nbp, group_block(p.kind), p.kind.planes());
     let mask = if p.kind.byte_codes() { 0xFF } else { 0x0F };
     let base = (r / ROWS) * nbp * gb;
     for b in 0..nbp {
         for k in 0..BLOCK {
+            let c = codes[b * BLOCK + k];
             let (at, shift) = code_at(p.kind, r % ROWS, k);
-            p.qs[base + b * gb + at] |= (codes[b * BLOCK + k] & mask) << shift;
+            p.qs[base + b * gb + at] |= (c & mask) << shift;
+            for pl in 0..planes {
+                let (at, bit) = plane_at(planes, r % ROWS, k, pl);
+                p.qs[base + b * gb + at] |= ((c >> (4 + pl)) & 1) << bit;
+            }
         }
         let i = scale_at(nbp, r, b);
         p.d[i] = d[b];
@@ -82,13 +105,18 @@ pub(crate) fn store_row(p: &mut Packed, r: usize, codes: &[u8], d: &[u16], m: &[
 
 /// Row r's codes in element order (`nbp·32`).
 pub(crate) fn load_codes(p: &Packed, r: usize, codes: &mut [u8]) {
-    let gb = group_block(p.kind);
+    let (gb, planes) = (group_block(p.kind), p.kind.planes());
     let mask = if p.kind.byte_codes() { 0xFF } else { 0x0F };
     let base = (r / ROWS) * p.nbp * gb;
     for b in 0..p.nbp {
+        let q = &p.qs[base + b * gb..base + (b + 1) * gb];
         for k in 0..BLOCK {
             let (at, shift) = code_at(p.kind, r % ROWS, k);
-            codes[b * BLOCK + k] = (p.qs[base + b * gb + at] >> shift) & mask;
+            let high = (0..planes).fold(0u8, |h, pl| {
+                let (at, bit) = plane_at(planes, r % ROWS, k, pl);
+                h | ((q[at] >> bit) & 1) << (4 + pl)
+            });
+            codes[b * BLOCK + k] = ((q[at] >> shift) & mask) | high;
         }
     }
 }
@@ -167,42 +195,32 @@ unsafe fn gemm<const VNNI: bool>(w: &Packed, a: &QActs, lo: usize, hi: usize, ou
     debug_assert!(w.layout == Layout::Rows16 && (lo.is_multiple_of(ROWS) || lo >= hi));
     super::tiles(lo, hi, a.t, ROWS, 8, |r0, valid, t0, c| {
         let args = (w, a, r0, t0, valid, r0 - lo, out);
-        macro_rules! byte_tiles {
-            ($halves:literal, $min:literal) => {
+        macro_rules! tiles {
+            ($tile:ident $(, $p:literal)?) => {
                 match c {
-                    8 => x86::tile_q8::<8, VNNI, $halves, $min>(args),
-                    7 => x86::tile_q8::<7, VNNI, $halves, $min>(args),
-                    6 => x86::tile_q8::<6, VNNI, $halves, $min>(args),
-                    5 => x86::tile_q8::<5, VNNI, $halves, $min>(args),
-                    4 => x86::tile_q8::<4, VNNI, $halves, $min>(args),
-                    3 => x86::tile_q8::<3, VNNI, $halves, $min>(args),
-                    2 => x86::tile_q8::<2, VNNI, $halves, $min>(args),
-                    _ => x86::tile_q8::<1, VNNI, $halves, $min>(args),
+                    8 => x86::$tile::<8, VNNI $(, $p)?>(args),
+                    7 => x86::$tile::<7, VNNI $(, $p)?>(args),
+                    6 => x86::$tile::<6, VNNI $(, $p)?>(args),
+                    5 => x86::$tile::<5, VNNI $(, $p)?>(args),
+                    4 => x86::$tile::<4, VNNI $(, $p)?>(args),
+                    3 => x86::$tile::<3, VNNI $(, $p)?>(args),
+                    2 => x86::$tile::<2, VNNI $(, $p)?>(args),
+                    _ => x86::$tile::<1, VNNI $(, $p)?>(args),
                 }
             };
         }
         match w.kind {
-            Kind::Q8_0 => return byte_tiles!(false, false),
-            Kind::Q6K => return byte_tiles!(true, false),
-            Kind::Q5K | Kind::Q5_1 => return byte_tiles!(false, true),
-            Kind::Q4_0 | Kind::Q4_1 => {}
-        }
-        match c {
-            8 => x86::tile::<8, VNNI>(args),
-            7 => x86::tile::<7, VNNI>(args),
-            6 => x86::tile::<6, VNNI>(args),
-            5 => x86::tile::<5, VNNI>(args),
-            4 => x86::tile::<4, VNNI>(args),
-            3 => x86::tile::<3, VNNI>(args),
-            2 => x86::tile::<2, VNNI>(args),
-            _ => x86::tile::<1, VNNI>(args),
+            Kind::Q8_0 => tiles!(tile_q8),
+            Kind::Q4_0 | Kind::Q4_1 => tiles!(tile, 0),
+            Kind::Q5_0 | Kind::Q5K | Kind::Q5_1 => tiles!(tile, 1),
+            Kind::Q6K => tiles!(tile, 2),
         }
     });
 }
 
 /// [`gemm_avx512bw`]'s arithmetic on 256-bit registers, for CPUs with AVX2 and no AVX-512: each
-/// 64-byte load of a group-block is read as two 32-byte halves (rows 0–7, rows 8–15). Tiles of
-/// 16 rows × up to 2 tokens (AVX2 has 16 vector registers).
+/// 64-byte load of a group-block is read as two 32-byte halves (rows 0–7, rows 8–15), each plane
+/// mask as two 32-bit halves. Tiles of 16 rows × up to 2 tokens (AVX2 has 16 vector registers).
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; otherwise as [`gemm_avx512bw`].
@@ -213,16 +231,40 @@ pub unsafe fn gemm_avx2(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat
     super::tiles(lo, hi, a.t, ROWS, 2, |r0, valid, t0, c| {
         let args = (w, a, r0, t0, valid, r0 - lo, out);
         match (w.kind, c) {
-            (Kind::Q8_0, 2) => avx2::tile_q8::<2, false, false>(args),
-            (Kind::Q8_0, _) => avx2::tile_q8::<1, false, false>(args),
-            (Kind::Q6K, 2) => avx2::tile_q8::<2, true, false>(args),
-            (Kind::Q6K, _) => avx2::tile_q8::<1, true, false>(args),
-            (Kind::Q5K | Kind::Q5_1, 2) => avx2::tile_q8::<2, false, true>(args),
-            (Kind::Q5K | Kind::Q5_1, _) => avx2::tile_q8::<1, false, true>(args),
-            (Kind::Q4_0 | Kind::Q4_1, 2) => avx2::tile::<2>(args),
-            (Kind::Q4_0 | Kind::Q4_1, _) => avx2::tile::<1>(args),
+            (Kind::Q8_0, 2) => avx2::tile_q8::<2>(args),
+            (Kind::Q8_0, _) => avx2::tile_q8::<1>(args),
+            (Kind::Q4_0 | Kind::Q4_1, 2) => avx2::tile::<2, 0>(args),
+            (Kind::Q4_0 | Kind::Q4_1, _) => avx2::tile::<1, 0>(args),
+            (Kind::Q5_0 | Kind::Q5K | Kind::Q5_1, 2) => avx2::tile::<2, 1>(args),
+            (Kind::Q5_0 | Kind::Q5K | Kind::Q5_1, _) => avx2::tile::<1, 1>(args),
+            (Kind::Q6K, 2) => avx2::tile::<2, 2>(args),
+            (Kind::Q6K, _) => avx2::tile::<1, 2>(args),
         }
     });
+}
+
+/// How a nibble tile turns a block's integer sums into floats, from the weight kind: the offset
+/// of Q4_0 / Q5_0 (−8 / −16), a min a block (Q4_1, Q5_1, Q5_K), or Q6_K's scale per half block
+/// (offset −32 per half).
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy, PartialEq)]
+enum Scaling {
+    Offset(f32),
+    Min,
+    Halves,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Scaling {
+    fn of(kind: Kind) -> Scaling {
+        match kind {
+            Kind::Q4_0 => Scaling::Offset(-8.0),
+            Kind::Q5_0 => Scaling::Offset(-16.0),
+            Kind::Q6K => Scaling::Halves,
+            Kind::Q4_1 | Kind::Q5K | Kind::Q5_1 => Scaling::Min,
+            Kind::Q8_0 => unreachable!("Q8_0 takes the byte-code tile"),
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -230,7 +272,7 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     use super::x86::TileArgs;
-    use super::{Kind, Operands, BLOCK, GROUP_BLOCK, GROUP_BLOCK_Q8, ROWS};
+    use super::{Operands, Scaling, BLOCK, GROUP_BLOCK, GROUP_BLOCK_Q8, PLANE, ROWS};
 
     /// Row lanes 0..16 of two 8-lane halves, written to the valid rows of token t.
     #[inline(always)]
@@ -243,44 +285,86 @@ mod avx2 {
         }
     }
 
-    /// Q4_0 / Q4_1: [`super::x86::tile`] without VNNI, on two halves.
+    /// 32 bits of a plane mask as 32 bytes: `bit` where the mask bit is set, else 0.
     #[inline(always)]
-    pub(super) unsafe fn tile<const C: usize>((w, a, r0, t0, valid, orow, out): TileArgs) {
+    unsafe fn plane_bytes(mask: u32, bit: __m256i) -> __m256i {
+        // Byte i takes mask byte i / 8 (each 128-bit lane holds all four), then tests bit i % 8.
+        let spread = _mm256_shuffle_epi8(
+            _mm256_set1_epi32(mask as i32),
+            _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0),
+        );
+        let sel = _mm256_set1_epi64x(0x8040201008040201u64 as i64);
+        _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, sel), sel), bit)
+    }
+
+    /// The nibble kinds with P high-bit planes: [`super::x86::tile`] without VNNI, on two halves.
+    /// Q4 sums its eight group products in 16-bit lanes; with planes the codes reach 63, so each
+    /// product is widened to 32 bits, codes 0..16 and 16..32 in their own sets.
+    #[inline(always)]
+    pub(super) unsafe fn tile<const C: usize, const P: usize>((w, a, r0, t0, valid, orow, out): TileArgs) {
         let ops = Operands::<C>::new(w, a, r0, t0);
         let Operands { n, d, m, xq, dx, sx, .. } = ops;
-        let q41 = w.kind == Kind::Q4_1;
+        let scaling = Scaling::of(w.kind);
         let (nib, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
         let mut acc = [[_mm256_setzero_ps(); 2]; C];
         for b in 0..n {
-            let qb = ops.block(b, GROUP_BLOCK);
-            let mut isum = [[_mm256_setzero_si256(); 2]; C];
+            let qb = ops.block(b, GROUP_BLOCK + P * PLANE);
+            let planes = qb.add(GROUP_BLOCK) as *const u32;
+            let (mut isum, mut isum2) = ([[_mm256_setzero_si256(); 2]; C], [[_mm256_setzero_si256(); 2]; C]);
             for j in 0..4 {
                 let v: [__m256i; 2] = std::array::from_fn(|h| _mm256_loadu_si256(qb.add(j * 64 + 32 * h) as *const _));
-                let lo4 = v.map(|v| _mm256_and_si256(v, nib)); // codes 4j..4j+4 of each row
-                let hi4 = v.map(|v| _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib)); // codes 16+4j..
+                let mut lo4 = v.map(|v| _mm256_and_si256(v, nib)); // codes 4j..4j+4 of each row
+                let mut hi4 = v.map(|v| _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib)); // codes 16+4j..
+                for p in 0..P {
+                    let bit = _mm256_set1_epi8(16 << p);
+                    for h in 0..2 {
+                        // Group j's and j + 4's masks, rows 8h..8h + 8.
+                        let (ml, mh) = (planes.add(2 * (j * P + p) + h), planes.add(2 * ((4 + j) * P + p) + h));
+                        lo4[h] = _mm256_or_si256(lo4[h], plane_bytes(ml.read_unaligned(), bit));
+                        hi4[h] = _mm256_or_si256(hi4[h], plane_bytes(mh.read_unaligned(), bit));
+                    }
+                }
                 for c in 0..C {
                     let xa = _mm256_set1_epi32((xq[c].add(b * BLOCK + 4 * j) as *const i32).read_unaligned());
                     let xb = _mm256_set1_epi32((xq[c].add(b * BLOCK + 16 + 4 * j) as *const i32).read_unaligned());
                     for h in 0..2 {
-                        isum[c][h] = _mm256_add_epi16(isum[c][h], _mm256_maddubs_epi16(lo4[h], xa));
-                        isum[c][h] = _mm256_add_epi16(isum[c][h], _mm256_maddubs_epi16(hi4[h], xb));
+                        let (pa, pb) = (_mm256_maddubs_epi16(lo4[h], xa), _mm256_maddubs_epi16(hi4[h], xb));
+                        if P == 0 {
+                            isum[c][h] = _mm256_add_epi16(isum[c][h], _mm256_add_epi16(pa, pb));
+                        } else {
+                            isum[c][h] = _mm256_add_epi32(isum[c][h], _mm256_madd_epi16(pa, ones));
+                            isum2[c][h] = _mm256_add_epi32(isum2[c][h], _mm256_madd_epi16(pb, ones));
+                        }
                     }
                 }
             }
             let half =
                 |p: *const u16, h: usize| _mm256_cvtph_ps(_mm_loadu_si128(p.add(b * ROWS + 8 * h) as *const __m128i));
             let wd = [half(d, 0), half(d, 1)];
-            let wm = if q41 { [half(m, 0), half(m, 1)] } else { wd };
+            let wm = if matches!(scaling, Scaling::Min | Scaling::Halves) { [half(m, 0), half(m, 1)] } else { wd };
             for c in 0..C {
-                let (dxb, sb) = (_mm256_set1_ps(*dx[c].add(b)), *sx[c].add(b));
+                let dxb = _mm256_set1_ps(*dx[c].add(b));
                 for h in 0..2 {
-                    let dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(isum[c][h], ones));
-                    if q41 {
+                    if scaling == Scaling::Halves {
+                        let (s0, s1) = (*sx[c].add(2 * b), *sx[c].add(2 * b + 1));
+                        let lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c][h]), dxb, _mm256_set1_ps(-32.0 * s0));
+                        let hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum2[c][h]), dxb, _mm256_set1_ps(-32.0 * s1));
+                        acc[c][h] = _mm256_fmadd_ps(wd[h], lo, acc[c][h]);
+                        acc[c][h] = _mm256_fmadd_ps(wm[h], hi, acc[c][h]);
+                        continue;
+                    }
+                    let dot = if P == 0 {
+                        _mm256_cvtepi32_ps(_mm256_madd_epi16(isum[c][h], ones))
+                    } else {
+                        _mm256_cvtepi32_ps(_mm256_add_epi32(isum[c][h], isum2[c][h]))
+                    };
+                    let sb = *sx[c].add(b);
+                    if let Scaling::Offset(k) = scaling {
+                        let t = _mm256_fmadd_ps(dot, dxb, _mm256_set1_ps(k * sb));
+                        acc[c][h] = _mm256_fmadd_ps(wd[h], t, acc[c][h]);
+                    } else {
                         acc[c][h] = _mm256_fmadd_ps(wd[h], _mm256_mul_ps(dot, dxb), acc[c][h]);
                         acc[c][h] = _mm256_fmadd_ps(wm[h], _mm256_set1_ps(sb), acc[c][h]);
-                    } else {
-                        let t = _mm256_fmadd_ps(dot, dxb, _mm256_set1_ps(-8.0 * sb));
-                        acc[c][h] = _mm256_fmadd_ps(wd[h], t, acc[c][h]);
                     }
                 }
             }
@@ -290,35 +374,17 @@ mod avx2 {
         }
     }
 
-    /// Q8_0, Q6_K (`HALVES`: a scale per 16 codes) and Q5_K / Q5_1 (`MIN`: unsigned codes, a min
-    /// per block): [`super::x86::tile_q8`] without VNNI, on two halves (vpsignb for the sign trick).
+    /// Q8_0: [`super::x86::tile_q8`] without VNNI, on two halves (vpsignb for the sign trick).
     #[inline(always)]
-    pub(super) unsafe fn tile_q8<const C: usize, const HALVES: bool, const MIN: bool>(
-        (w, a, r0, t0, valid, orow, out): TileArgs,
-    ) {
+    pub(super) unsafe fn tile_q8<const C: usize>((w, a, r0, t0, valid, orow, out): TileArgs) {
         let ops = Operands::<C>::new(w, a, r0, t0);
-        let Operands { n, d, m, xq, dx, sx, .. } = ops;
+        let Operands { n, d, xq, dx, .. } = ops;
         let (flip, ones) = (_mm256_set1_epi8(-128), _mm256_set1_epi16(1));
         let mut acc = [[_mm256_setzero_ps(); 2]; C];
         for b in 0..n {
             let qb = ops.block(b, GROUP_BLOCK_Q8);
-            // isum: codes 0..16 of the block under Q6_K (its first scale), else all 32; isum2:
-            // codes 16..32 under Q6_K.
-            let (mut isum, mut isum2) = ([[_mm256_setzero_si256(); 2]; C], [[_mm256_setzero_si256(); 2]; C]);
+            let mut isum = [[_mm256_setzero_si256(); 2]; C];
             for j in 0..8 {
-                if MIN {
-                    // Q5_K's codes are 0..31 as stored: vpmaddubsw takes them unsigned.
-                    let u: [__m256i; 2] =
-                        std::array::from_fn(|h| _mm256_loadu_si256(qb.add(j * 64 + 32 * h) as *const _));
-                    for c in 0..C {
-                        let x = _mm256_set1_epi32((xq[c].add(b * BLOCK + 4 * j) as *const i32).read_unaligned());
-                        for h in 0..2 {
-                            let p = _mm256_maddubs_epi16(u[h], x);
-                            isum[c][h] = _mm256_add_epi32(isum[c][h], _mm256_madd_epi16(p, ones));
-                        }
-                    }
-                    continue;
-                }
                 // Signed codes; |w| (−128 stays 128 as an unsigned byte) and x·sign(w).
                 let v: [__m256i; 2] = std::array::from_fn(|h| {
                     _mm256_xor_si256(_mm256_loadu_si256(qb.add(j * 64 + 32 * h) as *const _), flip)
@@ -326,10 +392,9 @@ mod avx2 {
                 let mag = v.map(|v| _mm256_abs_epi8(v));
                 for c in 0..C {
                     let x = _mm256_set1_epi32((xq[c].add(b * BLOCK + 4 * j) as *const i32).read_unaligned());
-                    let sum = if HALVES && j >= 4 { &mut isum2[c] } else { &mut isum[c] };
                     for h in 0..2 {
                         let p = _mm256_maddubs_epi16(mag[h], _mm256_sign_epi8(x, v[h]));
-                        sum[h] = _mm256_add_epi32(sum[h], _mm256_madd_epi16(p, ones));
+                        isum[c][h] = _mm256_add_epi32(isum[c][h], _mm256_madd_epi16(p, ones));
                     }
                 }
             }
@@ -343,25 +408,6 @@ mod avx2 {
                     acc[c][h] = _mm256_fmadd_ps(wd[h], t, acc[c][h]);
                 }
             }
-            if HALVES {
-                let wm = [half(m, 0), half(m, 1)];
-                for c in 0..C {
-                    let dxb = _mm256_set1_ps(*dx[c].add(b));
-                    for h in 0..2 {
-                        let t = _mm256_mul_ps(_mm256_cvtepi32_ps(isum2[c][h]), dxb);
-                        acc[c][h] = _mm256_fmadd_ps(wm[h], t, acc[c][h]);
-                    }
-                }
-            }
-            if MIN {
-                let wm = [half(m, 0), half(m, 1)];
-                for c in 0..C {
-                    let sb = _mm256_set1_ps(*sx[c].add(b));
-                    for h in 0..2 {
-                        acc[c][h] = _mm256_fmadd_ps(wm[h], sb, acc[c][h]);
-                    }
-                }
-            }
         }
         for (c, acc) in acc.iter().enumerate() {
             store(acc, valid, orow, t0 + c, out);
@@ -373,62 +419,88 @@ mod avx2 {
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{Kind, Operands, OutMat, Packed, QActs, BLOCK, GROUP_BLOCK, GROUP_BLOCK_Q8, PF_BYTES, ROWS};
+    use super::{Operands, OutMat, Packed, QActs, Scaling, BLOCK, GROUP_BLOCK, GROUP_BLOCK_Q8, PF_BYTES, PLANE, ROWS};
 
     /// (matrix, activations, first row of the group, first token, valid rows, output row of the
     /// group's first row, output).
     pub(super) type TileArgs<'a> = (&'a Packed, &'a QActs, usize, usize, usize, usize, OutMat);
 
-    /// 16 rows × C tokens over every block: per block, the eight 4-code group products summed in
-    /// 16-bit lanes (with VNNI: in two sets of 32-bit lanes), then `d_w·(d_x·dot − 8·s)` (Q4_0)
-    /// or `d_w·d_x·dot + m·s` (Q4_1) per row lane.
+    /// 16 rows × C tokens over every block of a nibble kind with P high-bit planes: per block,
+    /// the eight 4-code group products, each group's codes completed by one masked byte add per
+    /// plane; summed (with VNNI) in two sets of 32-bit lanes, codes 0..16 and 16..32; without
+    /// VNNI, Q4's in 16-bit lanes and the wider codes' widened to 32 bits per product. Then per
+    /// row lane `d_w·(d_x·dot + k·s)` (Q4_0 k = −8, Q5_0 −16), `d_w·d_x·dot + m·s` (Q4_1, Q5_1,
+    /// Q5_K) or, a half block each, `d·(d_x·dot₀ − 32·s₀) + m·(d_x·dot₁ − 32·s₁)` (Q6_K).
     #[inline(always)]
-    pub(super) unsafe fn tile<const C: usize, const VNNI: bool>((w, a, r0, t0, valid, orow, out): TileArgs) {
+    pub(super) unsafe fn tile<const C: usize, const VNNI: bool, const P: usize>(
+        (w, a, r0, t0, valid, orow, out): TileArgs,
+    ) {
         let ops = Operands::<C>::new(w, a, r0, t0);
         let Operands { n, d, m, xq, dx, sx, .. } = ops;
-        let q41 = w.kind == Kind::Q4_1;
+        let scaling = Scaling::of(w.kind);
+        let has_m = matches!(scaling, Scaling::Min | Scaling::Halves);
         let (nib, ones) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi16(1));
         let mut acc = [_mm512_setzero_ps(); C];
         for b in 0..n {
-            let qb = ops.block(b, GROUP_BLOCK);
+            let qb = ops.block(b, GROUP_BLOCK + P * PLANE);
             if b % 2 == 0 {
                 _mm_prefetch::<_MM_HINT_T0>(d.wrapping_add(b * ROWS + PF_BYTES / 8) as *const i8);
-                if q41 {
+                if has_m {
                     _mm_prefetch::<_MM_HINT_T0>(m.wrapping_add(b * ROWS + PF_BYTES / 8) as *const i8);
                 }
             }
+            let planes = qb.add(GROUP_BLOCK) as *const u64;
             let (mut isum, mut isum2) = ([_mm512_setzero_si512(); C], [_mm512_setzero_si512(); C]);
             for j in 0..4 {
                 let v = _mm512_loadu_si512(qb.add(j * 64) as *const _);
-                let lo4 = _mm512_and_si512(v, nib); // codes 4j..4j+4 of each row
-                let hi4 = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib); // codes 16+4j..
+                let mut lo4 = _mm512_and_si512(v, nib); // codes 4j..4j+4 of each row
+                let mut hi4 = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib); // codes 16+4j..
+                for p in 0..P {
+                    let bit = _mm512_set1_epi8(16 << p);
+                    let (ml, mh) =
+                        (planes.add(j * P + p).read_unaligned(), planes.add((4 + j) * P + p).read_unaligned());
+                    lo4 = _mm512_mask_add_epi8(lo4, ml, lo4, bit);
+                    hi4 = _mm512_mask_add_epi8(hi4, mh, hi4, bit);
+                }
                 for c in 0..C {
                     let xa = _mm512_set1_epi32((xq[c].add(b * BLOCK + 4 * j) as *const i32).read_unaligned());
                     let xb = _mm512_set1_epi32((xq[c].add(b * BLOCK + 16 + 4 * j) as *const i32).read_unaligned());
                     if VNNI {
                         isum[c] = _mm512_dpbusd_epi32(isum[c], lo4, xa);
                         isum2[c] = _mm512_dpbusd_epi32(isum2[c], hi4, xb);
-                    } else {
+                    } else if P == 0 {
                         isum[c] = _mm512_add_epi16(isum[c], _mm512_maddubs_epi16(lo4, xa));
                         isum[c] = _mm512_add_epi16(isum[c], _mm512_maddubs_epi16(hi4, xb));
+                    } else {
+                        isum[c] = _mm512_add_epi32(isum[c], _mm512_madd_epi16(_mm512_maddubs_epi16(lo4, xa), ones));
+                        isum2[c] = _mm512_add_epi32(isum2[c], _mm512_madd_epi16(_mm512_maddubs_epi16(hi4, xb), ones));
                     }
                 }
             }
             let wd = _mm512_cvtph_ps(_mm256_loadu_si256(d.add(b * ROWS) as *const __m256i));
-            let wm = if q41 { _mm512_cvtph_ps(_mm256_loadu_si256(m.add(b * ROWS) as *const __m256i)) } else { wd };
+            let wm = if has_m { _mm512_cvtph_ps(_mm256_loadu_si256(m.add(b * ROWS) as *const __m256i)) } else { wd };
             for c in 0..C {
-                let dot = if VNNI {
+                let dxb = _mm512_set1_ps(*dx[c].add(b));
+                if scaling == Scaling::Halves {
+                    let (s0, s1) = (*sx[c].add(2 * b), *sx[c].add(2 * b + 1));
+                    let lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), dxb, _mm512_set1_ps(-32.0 * s0));
+                    let hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum2[c]), dxb, _mm512_set1_ps(-32.0 * s1));
+                    acc[c] = _mm512_fmadd_ps(wd, lo, acc[c]);
+                    acc[c] = _mm512_fmadd_ps(wm, hi, acc[c]);
+                    continue;
+                }
+                let dot = if VNNI || P > 0 {
                     _mm512_cvtepi32_ps(_mm512_add_epi32(isum[c], isum2[c]))
                 } else {
                     _mm512_cvtepi32_ps(_mm512_madd_epi16(isum[c], ones))
                 };
-                let (dxb, sb) = (*dx[c].add(b), *sx[c].add(b));
-                if q41 {
-                    acc[c] = _mm512_fmadd_ps(wd, _mm512_mul_ps(dot, _mm512_set1_ps(dxb)), acc[c]);
-                    acc[c] = _mm512_fmadd_ps(wm, _mm512_set1_ps(sb), acc[c]);
-                } else {
-                    let t = _mm512_fmadd_ps(dot, _mm512_set1_ps(dxb), _mm512_set1_ps(-8.0 * sb));
+                let sb = *sx[c].add(b);
+                if let Scaling::Offset(k) = scaling {
+                    let t = _mm512_fmadd_ps(dot, dxb, _mm512_set1_ps(k * sb));
                     acc[c] = _mm512_fmadd_ps(wd, t, acc[c]);
+                } else {
+                    acc[c] = _mm512_fmadd_ps(wd, _mm512_mul_ps(dot, dxb), acc[c]);
+                    acc[c] = _mm512_fmadd_ps(wm, _mm512_set1_ps(sb), acc[c]);
                 }
             }
         }
@@ -440,43 +512,28 @@ mod x86 {
             }
         }
     }
+
     /// Q8_0: 16 rows × C tokens over every block; per block eight 4-code groups, each a sign-trick
     /// vpmaddubsw widened by vpmaddwd into 32-bit lanes, then `d_w·d_x·dot` per row lane (the codes
     /// are flipped back to signed, so no offset term). With VNNI, vpdpbusd of the stored codes
     /// (code + 128) into two sets of 32-bit lanes, then `d_w·(d_x·dot − 128·s)`.
-    ///
-    /// `HALVES` (Q6_K): the same codes with a scale per 16, `d` for groups 0–3 and `m` for 4–7;
-    /// the two sets of lanes are the two halves, each scaled by its own, and with VNNI offset by
-    /// the activation's half sums (`sx`, two a block).
-    ///
-    /// `MIN` (Q5_K, Q5_1): the codes are 0..31 as stored (no + 128), with Q4_1's arithmetic per block,
-    /// `d_w·d_x·dot + m·s`; without VNNI vpmaddubsw takes them unsigned, no sign trick.
     #[inline(always)]
-    pub(super) unsafe fn tile_q8<const C: usize, const VNNI: bool, const HALVES: bool, const MIN: bool>(
-        (w, a, r0, t0, valid, orow, out): TileArgs,
-    ) {
+    pub(super) unsafe fn tile_q8<const C: usize, const VNNI: bool>((w, a, r0, t0, valid, orow, out): TileArgs) {
         let ops = Operands::<C>::new(w, a, r0, t0);
-        let Operands { n, d, m, xq, dx, sx, .. } = ops;
+        let Operands { n, d, xq, dx, sx, .. } = ops;
         let (flip, ones, zero) = (_mm512_set1_epi8(-128), _mm512_set1_epi16(1), _mm512_setzero_si512());
         let mut acc = [_mm512_setzero_ps(); C];
         for b in 0..n {
             let qb = ops.block(b, GROUP_BLOCK_Q8);
             _mm_prefetch::<_MM_HINT_T0>(d.wrapping_add((b + PF_BYTES / GROUP_BLOCK_Q8) * ROWS) as *const i8);
-            if HALVES || MIN {
-                _mm_prefetch::<_MM_HINT_T0>(m.wrapping_add((b + PF_BYTES / GROUP_BLOCK_Q8) * ROWS) as *const i8);
-            }
             let (mut isum, mut isum2) = ([_mm512_setzero_si512(); C], [_mm512_setzero_si512(); C]);
             // Group j's 4-code products for every token, into `sum`.
             let group = |j: usize, sum: &mut [__m512i; C]| {
-                let u = _mm512_loadu_si512(qb.add(j * 64) as *const _); // code + 128 (Q5: the code)
+                let u = _mm512_loadu_si512(qb.add(j * 64) as *const _); // code + 128
                 let x = |c: usize| _mm512_set1_epi32((xq[c].add(b * BLOCK + 4 * j) as *const i32).read_unaligned());
                 if VNNI {
                     for c in 0..C {
                         sum[c] = _mm512_dpbusd_epi32(sum[c], u, x(c));
-                    }
-                } else if MIN {
-                    for c in 0..C {
-                        sum[c] = _mm512_add_epi32(sum[c], _mm512_madd_epi16(_mm512_maddubs_epi16(u, x(c)), ones));
                     }
                 } else {
                     let v = _mm512_xor_si512(u, flip); // signed codes
@@ -487,50 +544,21 @@ mod x86 {
                     }
                 }
             };
-            // Two sets of lanes, each group's fixed at compile time (a set chosen per group at
-            // run time kept the sums in memory: Q8_0 prefill ran at a quarter of its speed): the
-            // block's halves under Q6_K, else alternate groups (shorter dependency chains),
-            // added after.
+            // Two sets of lanes, alternate groups (shorter dependency chains), added after; each
+            // group's set fixed at compile time (a set chosen per group at run time kept the sums
+            // in memory: Q8_0 prefill ran at a quarter of its speed).
             for p in 0..4 {
-                let (j0, j1) = if HALVES { (p, p + 4) } else { (2 * p, 2 * p + 1) };
-                group(j0, &mut isum);
-                group(j1, &mut isum2);
+                group(2 * p, &mut isum);
+                group(2 * p + 1, &mut isum2);
             }
             let wd = _mm512_cvtph_ps(_mm256_loadu_si256(d.add(b * ROWS) as *const __m256i));
-            if HALVES {
-                let wm = _mm512_cvtph_ps(_mm256_loadu_si256(m.add(b * ROWS) as *const __m256i));
-                for c in 0..C {
-                    let dxb = _mm512_set1_ps(*dx[c].add(b));
-                    let (lo, hi) = (_mm512_cvtepi32_ps(isum[c]), _mm512_cvtepi32_ps(isum2[c]));
-                    let (lo, hi) = if VNNI {
-                        (
-                            _mm512_fmadd_ps(lo, dxb, _mm512_set1_ps(-128.0 * *sx[c].add(2 * b))),
-                            _mm512_fmadd_ps(hi, dxb, _mm512_set1_ps(-128.0 * *sx[c].add(2 * b + 1))),
-                        )
-                    } else {
-                        (_mm512_mul_ps(lo, dxb), _mm512_mul_ps(hi, dxb))
-                    };
-                    acc[c] = _mm512_fmadd_ps(wd, lo, acc[c]);
-                    acc[c] = _mm512_fmadd_ps(wm, hi, acc[c]);
-                }
-                continue;
-            }
-            if MIN {
-                let wm = _mm512_cvtph_ps(_mm256_loadu_si256(m.add(b * ROWS) as *const __m256i));
-                for c in 0..C {
-                    let dot = _mm512_cvtepi32_ps(_mm512_add_epi32(isum[c], isum2[c]));
-                    acc[c] = _mm512_fmadd_ps(wd, _mm512_mul_ps(dot, _mm512_set1_ps(*dx[c].add(b))), acc[c]);
-                    acc[c] = _mm512_fmadd_ps(wm, _mm512_set1_ps(*sx[c].add(b)), acc[c]);
-                }
-                continue;
-            }
             for c in 0..C {
                 let dxb = _mm512_set1_ps(*dx[c].add(b));
+                let dot = _mm512_cvtepi32_ps(_mm512_add_epi32(isum[c], isum2[c]));
                 let t = if VNNI {
-                    let dot = _mm512_cvtepi32_ps(_mm512_add_epi32(isum[c], isum2[c]));
                     _mm512_fmadd_ps(dot, dxb, _mm512_set1_ps(-128.0 * *sx[c].add(b)))
                 } else {
-                    _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(isum[c], isum2[c])), dxb)
+                    _mm512_mul_ps(dot, dxb)
                 };
                 acc[c] = _mm512_fmadd_ps(wd, t, acc[c]);
             }

@@ -50,8 +50,9 @@ fn the_vectorisable_rounding_is_round_ties_even() {
 fn every_isa_matches_ggml_vec_dot() {
     eprintln!("paths on this CPU: {:?}", Isa::available());
     let mut rng = Rng::new(17);
-    // Q5_1 takes the Q5_K tiles (16-row layout only).
-    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_1] {
+    // Q5_0 and Q5_1 take the nibble tiles with a high-bit plane (16-row layout only; Q5_0 packs
+    // as Q8_0 in row pairs).
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q5_1] {
         for &(rows, cols, t) in
             &[(1, 32, 1), (7, 96, 3), (9, 256, 5), (16, 576, 8), (5, 64, 13), (33, 96, 37), (40, 320, 17), (6, 1088, 2)]
         {
@@ -192,7 +193,7 @@ fn k_quant_tiles_match_ggml_codes_and_scales() {
 fn packed_rows_dequantize_like_ggml_and_select() {
     let mut rng = Rng::new(5);
     let (rows, cols) = (20, 96); // more than one 16-row group
-    let cases = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0]
+    let cases = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0]
         .into_iter()
         .flat_map(|ty| [(ty, Layout::RowPairs), (ty, Layout::Rows16)])
         .chain([(GgmlType::Q6_K, Layout::Rows16), (GgmlType::Q5_K, Layout::Rows16), (GgmlType::Q5_1, Layout::Rows16)]);
