@@ -11,7 +11,8 @@ line on stdout:
     prefill N    a fresh sequence, ids[0:N] as one batch (ubatch 512); {"seconds": s}
     feed LO HI   ids[LO:HI] appended to the sequence (a fresh one if LO is 0), untimed; {"ok": true}
     decode LO HI ids[LO:HI] appended one token at a time; {"seconds": s}
-    quit         {"peak_rss_mib": m}, then exit
+    quit         {"peak_rss_mib": m, "start_rss_mib": s}, then exit (s: the resident set before
+                 the model was loaded, with Python and llama_cpp imported)
 The first line out, once the model is loaded, is {"ready": true, "llama_cpp_python": version}.
 Exit code 3 means llama_cpp is not importable.
 """
@@ -38,18 +39,18 @@ def fresh(llm):
         llm._ctx.kv_cache_clear()
 
 
-def peak_rss_mib():
-    """This process's peak resident set since it started (VmHWM, MiB). Not ru_maxrss: Linux
-    carries that across execve, so a child forked from the benchmark would report the
-    benchmark's own peak whenever its real one is lower."""
+def rss_mib(field="VmHWM"):
+    """This process's peak resident set since it started (VmHWM, MiB), or its current one
+    (VmRSS). Not ru_maxrss: Linux carries that across execve, so a child forked from the
+    benchmark would report the benchmark's own peak whenever its real one is lower."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 if field == "VmHWM" else float("nan")
 
 
 def main():
@@ -60,6 +61,7 @@ def main():
     ap.add_argument("--n-ctx", type=int, required=True)
     a = ap.parse_args()
     ids = [int(x) for x in open(a.ids).read().split(",") if x.strip()]
+    start = rss_mib("VmRSS")
     llm = llama_cpp.Llama(model_path=a.model, n_ctx=a.n_ctx, n_threads=a.threads, n_threads_batch=a.threads,
                           n_batch=512, n_ubatch=512, logits_all=False, verbose=False)
     say({"ready": True, "llama_cpp_python": llama_cpp.__version__})
@@ -85,7 +87,7 @@ def main():
                 llm.eval([tok])
             say({"seconds": time.perf_counter() - t0})
         elif cmd == "quit":
-            say({"peak_rss_mib": peak_rss_mib()})
+            say({"peak_rss_mib": rss_mib(), "start_rss_mib": start})
             return
         else:
             print(f"unknown command: {line.strip()}", file=sys.stderr)

@@ -74,12 +74,12 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Peak resident set of this process (VmHWM), MiB.
-fn peak_rss_mib() -> f64 {
+/// Peak resident set of this process (`VmHWM:`) or its current one (`VmRSS:`), MiB.
+fn rss_mib(field: &str) -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
-            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+            s.lines().find(|l| l.starts_with(field)).and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
         })
         .map_or(f64::NAN, |kb| kb / 1024.0)
 }
@@ -278,6 +278,9 @@ fn measure(
 }
 
 pub fn run(a: &BenchInferArgs) -> Result<()> {
+    // What the process holds before the model: the binary (with libtorch where it was built
+    // with `train`), for the peak's share that is the engine's.
+    let start_rss = rss_mib("VmRSS:");
     let (mut model, _) = Model::load(&a.model).with_context(|| format!("loading {}", a.model.display()))?;
     let threads = list(&a.threads, "threads")?;
     let longest = ids_needed(a)?;
@@ -356,7 +359,8 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
                 pts.iter().map(|(k, r)| (k.to_string(), json!(r))).collect::<serde_json::Map<_, _>>()
             };
             json!({"prefill": by_key(&llama_of(&m.prefill)), "decode": by_key(&llama_of(&m.decode)),
-                   "peak_rss_mib": rss_llama, "llama_cpp_python": v})
+                   "peak_rss_mib": rss_llama.map(|r| r.0), "start_rss_mib": rss_llama.map(|r| r.1),
+                   "llama_cpp_python": v})
         });
         if llama_json.is_some() {
             decode_series.push((format!("llama.cpp, {n} thr"), llama_of(&m.decode)));
@@ -379,17 +383,22 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
             "llama_cpp": llama_json,
         }));
     }
-    let rss = peak_rss_mib();
-    let theirs: Vec<String> = llama_rss.iter().map(|r| format!("{r:.0}")).collect();
-    match theirs.is_empty() {
-        true => println!("\npeak RSS: ours {rss:.0} MiB"),
-        false => println!("\npeak RSS: ours {rss:.0} MiB, llama.cpp {} MiB (per thread count)", theirs.join(" / ")),
+    let rss = rss_mib("VmHWM:");
+    let theirs: Vec<String> = llama_rss.iter().map(|r| format!("{:.0}", r.0)).collect();
+    let theirs_above: Vec<String> = llama_rss.iter().map(|r| format!("{:.0}", r.0 - r.1)).collect();
+    println!("\npeak RSS: ours {rss:.0} MiB ({:.0} above the process before the model loaded)", rss - start_rss);
+    if !theirs.is_empty() {
+        println!(
+            "          llama.cpp {} MiB ({} above Python with llama_cpp imported), per thread count",
+            theirs.join(" / "),
+            theirs_above.join(" / ")
+        );
     }
     let _ = std::fs::remove_file(&ids_file);
     if let Some(p) = &a.json {
         let j = json!({"model": a.model.display().to_string(), "weight_bytes_per_token": weight_bytes,
                        "isa_prefill": isa.name(), "isa_decode": isa.for_tokens(1).name(),
-                       "peak_rss_mib_ours": rss, "decode_tokens": a.decode_tokens, "repeat": a.repeat,
+                       "peak_rss_mib_ours": rss, "start_rss_mib_ours": start_rss, "decode_tokens": a.decode_tokens, "repeat": a.repeat,
                        "runs": report});
         k3_format::safetensors_io::write_atomic(p, serde_json::to_string_pretty(&j)?.as_bytes())?;
     }

@@ -94,12 +94,13 @@ impl Llama {
         Ok((hi - lo) as f64 / self.seconds(&format!("decode {lo} {hi}"))?)
     }
 
-    /// Stop the script; its peak RSS (MiB).
-    pub fn quit(mut self) -> Result<f64> {
+    /// Stop the script; its peak RSS and its resident set before the model loaded (MiB).
+    pub fn quit(mut self) -> Result<(f64, f64)> {
         let v = self.ask("quit")?;
         let _ = self.child.wait();
         let _ = std::fs::remove_file(&self.err_file);
-        Ok(v["peak_rss_mib"].as_f64().unwrap_or(f64::NAN))
+        let mib = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+        Ok((mib("peak_rss_mib"), mib("start_rss_mib")))
     }
 }
 
