@@ -113,12 +113,13 @@ impl KimiModel {
                 res,
             });
         }
+        let embed = src.embedding(cfg.vocab_size, d)?;
         Ok(Self {
             cfg: cfg.clone(),
-            embed: src.embedding(cfg.vocab_size, d)?,
+            lm_head: src.lm_head(cfg.vocab_size, d, &embed)?,
+            embed,
             blocks,
             norm: src.vector("model.norm.weight", d)?,
-            lm_head: src.lm_head(cfg.vocab_size, d)?,
             out_res: match cfg.attn_res_block_size {
                 Some(_) => Some(src.res_score("model.output_attn_res", d)?),
                 None => None,

@@ -35,6 +35,16 @@ impl Matrix {
         }
     }
 
+    /// [`Matrix::new`] from borrowed rows (a mapped GGUF tensor): repacked straight from them, or
+    /// copied when the type has no tiles, so a load holds the file's pages and one copy at a time.
+    pub fn from_ggml(rows: usize, cols: usize, ty: GgmlType, data: &[u8]) -> Self {
+        debug_assert_eq!(data.len(), rows * ty.row_bytes(cols));
+        match Packed::pack(ty, rows, cols, data) {
+            Some(p) => Self { rows, cols, ty, data: Vec::new(), packed: Some(Arc::new(p)), name: None },
+            None => Self { rows, cols, ty, data: data.to_vec(), packed: None, name: None },
+        }
+    }
+
     /// An f32 matrix from values in row-major order.
     pub fn from_f32(rows: usize, cols: usize, v: &[f32]) -> Self {
         debug_assert_eq!(v.len(), rows * cols);

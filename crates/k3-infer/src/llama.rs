@@ -61,12 +61,13 @@ impl LlamaModel {
             });
         }
         let inv_freq = (0..hd / 2).map(|i| (cfg.rope_theta as f32).powf(-2.0 * i as f32 / hd as f32)).collect();
+        let embed = src.embedding(cfg.vocab_size, d)?;
         Ok(Self {
             cfg: cfg.clone(),
-            embed: src.embedding(cfg.vocab_size, d)?,
+            lm_head: src.lm_head(cfg.vocab_size, d, &embed)?,
+            embed,
             layers,
             norm: src.vector("model.norm.weight", d)?,
-            lm_head: src.lm_head(cfg.vocab_size, d)?,
             inv_freq,
         })
     }

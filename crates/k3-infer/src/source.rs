@@ -101,7 +101,7 @@ impl Source {
                 info.ne
             )));
         }
-        let m = Matrix::new(rows, cols, ty, bytes.to_vec());
+        let m = Matrix::from_ggml(rows, cols, ty, bytes);
         file.release(name);
         Ok(m)
     }
@@ -167,14 +167,15 @@ impl Source {
         self.matrix("model.embed_tokens.weight", vocab, hidden)
     }
 
-    /// The LM head [V, C]; a tied Llama (SmolLM2) reuses the embedding.
-    pub fn lm_head(&self, vocab: usize, hidden: usize) -> Result<Matrix> {
+    /// The LM head [V, C]; a tied Llama (SmolLM2) shares the loaded embedding's packed rows (an
+    /// unpacked one is copied).
+    pub fn lm_head(&self, vocab: usize, hidden: usize, embed: &Matrix) -> Result<Matrix> {
         let tied = match self.config() {
             ModelConfig::Llama(c) => c.tie_word_embeddings,
             ModelConfig::Kimi(_) => false,
         };
         if tied {
-            return self.embedding(vocab, hidden);
+            return Ok(embed.clone());
         }
         self.matrix("lm_head.weight", vocab, hidden)
     }
