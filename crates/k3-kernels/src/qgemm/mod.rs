@@ -152,6 +152,11 @@ pub enum Kind {
     /// Q5_1 as [`Kind::Q5K`], exactly (its own f16 scale and min), the offsets from the
     /// f16-rounded activation sums as its Q8_1 partner rounds them.
     Q5_1,
+    /// Q4_K at its own precision: the nibbles as Q4_1's, `d` holding each sub-block's 6-bit scale
+    /// and min as two bytes (`sc | mn << 8`), `m` each super-block's f16 `d` and `dmin`
+    /// ([`Kind::m_per_row`]); value `u·(d·sc) − dmin·mn`, Q4_1's arithmetic with the scale and min
+    /// formed in f32. Only in [`Layout::Rows16`] (in row pairs Q4_K enters as Q4_1 blocks).
+    Q4K,
 }
 
 impl Kind {
@@ -163,20 +168,30 @@ impl Kind {
     /// Bits of each code beyond its low nibble, stored as bit planes in the 16-row layout.
     pub(crate) fn planes(self) -> usize {
         match self {
-            Kind::Q4_0 | Kind::Q4_1 | Kind::Q8_0 => 0,
+            Kind::Q4_0 | Kind::Q4_1 | Kind::Q8_0 | Kind::Q4K => 0,
             Kind::Q5_0 | Kind::Q5K | Kind::Q5_1 => 1,
             Kind::Q6K => 2,
         }
     }
 
-    /// Whether `m` holds a second array (Q4_1's and Q5's mins, Q6_K's second-half scales).
+    /// Whether `m` holds a second array (Q4_1's and Q5's mins, Q6_K's second-half scales,
+    /// Q4_K's super-block scales).
     pub(crate) fn has_m(self) -> bool {
-        matches!(self, Kind::Q4_1 | Kind::Q6K | Kind::Q5K | Kind::Q5_1)
+        matches!(self, Kind::Q4_1 | Kind::Q6K | Kind::Q5K | Kind::Q5_1 | Kind::Q4K)
+    }
+
+    /// Entries of `m` per row: one a block, or for Q4_K two (`d`, `dmin`) a super-block of 8.
+    pub(crate) fn m_per_row(self, nbp: usize) -> usize {
+        if self == Kind::Q4K {
+            nbp / 4
+        } else {
+            nbp
+        }
     }
 
     /// The kinds that exist only in [`Layout::Rows16`].
     pub(crate) fn rows16_only(self) -> bool {
-        self.planes() > 0
+        self.planes() > 0 || self == Kind::Q4K
     }
 }
 
@@ -266,7 +281,9 @@ impl Packed {
     /// exactly (`q5_0::as_q8_0`) and the others stay on row dots (`None`).
     pub fn pack(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Option<Packed> {
         let layout = match ty {
-            GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5_K | GgmlType::Q6_K if rows16_simd() => Layout::Rows16,
+            GgmlType::Q4_K | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5_K | GgmlType::Q6_K if rows16_simd() => {
+                Layout::Rows16
+            }
             _ => Layout::best(),
         };
         Self::pack_as(ty, rows, cols, data, layout)
@@ -285,6 +302,7 @@ impl Packed {
     /// [`Packed::pack`] in a given layout.
     pub fn pack_as(ty: GgmlType, rows: usize, cols: usize, data: &[u8], layout: Layout) -> Option<Packed> {
         match ty {
+            GgmlType::Q4_K if layout == Layout::Rows16 => return Self::pack_q4_k(rows, cols, data),
             GgmlType::Q4_K => {
                 let q41 = crate::quant::k_quants::q4_k_as_q4_1(data);
                 return Self::pack_as(GgmlType::Q4_1, rows, cols, &q41, layout);
@@ -363,6 +381,31 @@ impl Packed {
         (!refused.get()).then_some(p)
     }
 
+    /// Q4_K rows as [`Kind::Q4K`] in the 16-row layout (`cols` a multiple of 256, else `None`).
+    fn pack_q4_k(rows: usize, cols: usize, data: &[u8]) -> Option<Packed> {
+        use crate::quant::k_quants::{scale_min_k4, Q4K_BYTES, QK};
+        if !cols.is_multiple_of(QK) {
+            return None;
+        }
+        let row_bytes = cols / QK * Q4K_BYTES;
+        debug_assert_eq!(data.len(), rows * row_bytes);
+        Some(Self::from_rows(Kind::Q4K, Layout::Rows16, rows, cols, |r, codes, d, m| {
+            for (k, blk) in data[r * row_bytes..(r + 1) * row_bytes].chunks_exact(Q4K_BYTES).enumerate() {
+                m[2 * k] = u16::from_le_bytes([blk[0], blk[1]]);
+                m[2 * k + 1] = u16::from_le_bytes([blk[2], blk[3]]);
+                let (sc, qs) = (&blk[4..16], &blk[16..]);
+                for j in 0..8 {
+                    let (ls, lm) = scale_min_k4(j, sc);
+                    d[k * 8 + j] = ls as u16 | (lm as u16) << 8;
+                    // Sub-block j's codes: the low nibbles of qs[32·(j/2)..] for even j, the high for odd.
+                    let q = &qs[32 * (j / 2)..32 * (j / 2 + 1)];
+                    let c = &mut codes[k * QK + 32 * j..k * QK + 32 * (j + 1)];
+                    c.iter_mut().zip(q).for_each(|(c, &b)| *c = if j % 2 == 0 { b & 0x0F } else { b >> 4 });
+                }
+            }
+        }))
+    }
+
     /// Q5_0 or Q5_1 rows (`kind`) in the 16-row layout, exactly (their f16 scale and, for Q5_1,
     /// min; codes 0..31); `None` in row pairs.
     fn pack_q5(kind: Kind, rows: usize, cols: usize, data: &[u8], layout: Layout) -> Option<Packed> {
@@ -386,8 +429,9 @@ impl Packed {
     }
 
     /// Build from rows given as unsigned codes (`nbp·32`; Q8_0 as code + 128, the others as
-    /// stored), f16 scales and mins or second-half scales (`nbp` each); `row` fills them for row r
-    /// (pad blocks are left zero, byte codes 128).
+    /// stored), f16 scales and mins or second-half scales (`nbp` each; Q4_K: its scale-min byte
+    /// pairs and super-block scales, [`Kind::Q4K`]); `row` fills them for row r (pad blocks are
+    /// left zero, byte codes 128).
     fn from_rows(
         kind: Kind,
         layout: Layout,
@@ -406,7 +450,7 @@ impl Packed {
             nbp,
             qs: Vec::new(),
             d: vec![0u16; stored_rows * nbp],
-            m: if kind.has_m() { vec![0u16; stored_rows * nbp] } else { Vec::new() },
+            m: if kind.has_m() { vec![0u16; stored_rows * kind.m_per_row(nbp)] } else { Vec::new() },
         };
         let per_row = p.row_qs();
         p.qs = vec![0u8; stored_rows * per_row];
@@ -491,8 +535,13 @@ impl Packed {
             self.row_codes(r, c);
             for b in 0..self.nbp {
                 d[b] = self.d[self.scale_at(r, b)];
-                if self.kind.has_m() {
+                if self.kind.has_m() && self.kind != Kind::Q4K {
                     m[b] = self.m[self.scale_at(r, b)];
+                }
+            }
+            if self.kind == Kind::Q4K {
+                for (e, v) in m[..self.nbp / 4].iter_mut().enumerate() {
+                    *v = self.m[rows16::k4_at(self.nbp, r, e / 2, e % 2)];
                 }
             }
         })
@@ -522,6 +571,17 @@ impl Packed {
 
     /// Row r's scales as f32 (`dw`) and offsets μ (`mu`), `nbp` each.
     pub(crate) fn row_scales(&self, r: usize, dw: &mut [f32], mu: &mut [f32]) {
+        if self.kind == Kind::Q4K {
+            let f = |bits: u16| half::f16::from_bits(bits).to_f32();
+            for b in 0..self.nbp {
+                let pair = self.d[self.scale_at(r, b)];
+                let (sd, smin) =
+                    (self.m[rows16::k4_at(self.nbp, r, b / 8, 0)], self.m[rows16::k4_at(self.nbp, r, b / 8, 1)]);
+                dw[b] = f(sd) * (pair & 0xFF) as f32;
+                mu[b] = -f(smin) * (pair >> 8) as f32;
+            }
+            return;
+        }
         for b in 0..self.nbp {
             let i = self.scale_at(r, b);
             let d = half::f16::from_bits(self.d[i]).to_f32();
@@ -532,6 +592,7 @@ impl Packed {
                 Kind::Q8_0 => -128.0 * d,
                 Kind::Q4_1 | Kind::Q5K | Kind::Q5_1 => half::f16::from_bits(self.m[i]).to_f32(),
                 Kind::Q6K => unreachable!("Q6_K's scales change every 16 codes: half_scales"),
+                Kind::Q4K => unreachable!("Q4_K's scales are formed above"),
             };
         }
     }

@@ -72,6 +72,13 @@ fn plane_at(planes: usize, r: usize, k: usize, p: usize) -> (usize, u32) {
     (GROUP_BLOCK + ((k / 4) * planes + p) * 8 + bit / 8, (bit % 8) as u32)
 }
 
+/// Index of row r's super-block sb `d` (which 0) or `dmin` (1) in a [`Kind::Q4K`] matrix's `m`:
+/// [rows/16, nbp/8, 2, 16].
+#[inline]
+pub(crate) fn k4_at(nbp: usize, r: usize, sb: usize, which: usize) -> usize {
+    (((r / ROWS) * (nbp / 8) + sb) * 2 + which) * ROWS + r % ROWS
+}
+
 /// Index of row r's block b scale in `d` / `m`.
 #[inline]
 pub(crate) fn scale_at(nbp: usize, r: usize, b: usize) -> usize {
@@ -97,8 +104,13 @@ pub(crate) fn store_row(p: &mut Packed, r: usize, codes: &[u8], d: &[u16], m: &[
         }
         let i = scale_at(nbp, r, b);
         p.d[i] = d[b];
-        if p.kind.has_m() {
+        if p.kind.has_m() && p.kind != Kind::Q4K {
             p.m[i] = m[b];
+        }
+    }
+    if p.kind == Kind::Q4K {
+        for (e, &v) in m[..nbp / 4].iter().enumerate() {
+            p.m[k4_at(nbp, r, e / 2, e % 2)] = v;
         }
     }
 }
@@ -147,7 +159,7 @@ impl<const C: usize> Operands<C> {
             n,
             q: w.qs.as_ptr().add(g * n * group_block(w.kind)),
             d: w.d.as_ptr().add(g * n * ROWS),
-            m: if w.kind.has_m() { w.m.as_ptr().add(g * n * ROWS) } else { std::ptr::null() },
+            m: if w.kind.has_m() { w.m.as_ptr().add(g * w.kind.m_per_row(n) * ROWS) } else { std::ptr::null() },
             xq: std::array::from_fn(|c| a.qs.as_ptr().add((t0 + c) * n * BLOCK)),
             dx: std::array::from_fn(|c| a.d.as_ptr().add((t0 + c) * n)),
             sx: std::array::from_fn(|c| a.s_for(w.kind, t0 + c).as_ptr()),
@@ -211,7 +223,7 @@ unsafe fn gemm<const VNNI: bool>(w: &Packed, a: &QActs, lo: usize, hi: usize, ou
         }
         match w.kind {
             Kind::Q8_0 => tiles!(tile_q8),
-            Kind::Q4_0 | Kind::Q4_1 => tiles!(tile, 0),
+            Kind::Q4_0 | Kind::Q4_1 | Kind::Q4K => tiles!(tile, 0),
             Kind::Q5_0 | Kind::Q5K | Kind::Q5_1 => tiles!(tile, 1),
             Kind::Q6K => tiles!(tile, 2),
         }
@@ -233,8 +245,8 @@ pub unsafe fn gemm_avx2(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat
         match (w.kind, c) {
             (Kind::Q8_0, 2) => avx2::tile_q8::<2>(args),
             (Kind::Q8_0, _) => avx2::tile_q8::<1>(args),
-            (Kind::Q4_0 | Kind::Q4_1, 2) => avx2::tile::<2, 0>(args),
-            (Kind::Q4_0 | Kind::Q4_1, _) => avx2::tile::<1, 0>(args),
+            (Kind::Q4_0 | Kind::Q4_1 | Kind::Q4K, 2) => avx2::tile::<2, 0>(args),
+            (Kind::Q4_0 | Kind::Q4_1 | Kind::Q4K, _) => avx2::tile::<1, 0>(args),
             (Kind::Q5_0 | Kind::Q5K | Kind::Q5_1, 2) => avx2::tile::<2, 1>(args),
             (Kind::Q5_0 | Kind::Q5K | Kind::Q5_1, _) => avx2::tile::<1, 1>(args),
             (Kind::Q6K, 2) => avx2::tile::<2, 2>(args),
@@ -244,13 +256,15 @@ pub unsafe fn gemm_avx2(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat
 }
 
 /// How a nibble tile turns a block's integer sums into floats, from the weight kind: the offset
-/// of Q4_0 / Q5_0 (−8 / −16), a min a block (Q4_1, Q5_1, Q5_K), or Q6_K's scale per half block
-/// (offset −32 per half).
+/// of Q4_0 / Q5_0 (−8 / −16), a min a block (Q4_1, Q5_1, Q5_K), the same with the scale and min
+/// formed from Q4_K's 6-bit pairs and super-block scales (`SuperMin`), or Q6_K's scale per half
+/// block (offset −32 per half).
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy, PartialEq)]
 enum Scaling {
     Offset(f32),
     Min,
+    SuperMin,
     Halves,
 }
 
@@ -262,6 +276,7 @@ impl Scaling {
             Kind::Q5_0 => Scaling::Offset(-16.0),
             Kind::Q6K => Scaling::Halves,
             Kind::Q4_1 | Kind::Q5K | Kind::Q5_1 => Scaling::Min,
+            Kind::Q4K => Scaling::SuperMin,
             Kind::Q8_0 => unreachable!("Q8_0 takes the byte-code tile"),
         }
     }
@@ -307,6 +322,8 @@ mod avx2 {
         let scaling = Scaling::of(w.kind);
         let (nib, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
         let mut acc = [[_mm256_setzero_ps(); 2]; C];
+        // Q4_K: the current super-block's d (rows 0–7, 8–15) and −dmin (the same).
+        let mut sup = [_mm256_setzero_ps(); 4];
         for b in 0..n {
             let qb = ops.block(b, GROUP_BLOCK + P * PLANE);
             let planes = qb.add(GROUP_BLOCK) as *const u32;
@@ -340,8 +357,27 @@ mod avx2 {
             }
             let half =
                 |p: *const u16, h: usize| _mm256_cvtph_ps(_mm_loadu_si128(p.add(b * ROWS + 8 * h) as *const __m128i));
-            let wd = [half(d, 0), half(d, 1)];
-            let wm = if matches!(scaling, Scaling::Min | Scaling::Halves) { [half(m, 0), half(m, 1)] } else { wd };
+            let (wd, wm) = if scaling == Scaling::SuperMin {
+                if b % 8 == 0 {
+                    // This super-block's d and −dmin, 16 rows each.
+                    let at = (b / 8) * 2 * ROWS;
+                    let f = |o: usize| _mm256_cvtph_ps(_mm_loadu_si128(m.add(o) as *const __m128i));
+                    sup = [f(at), f(at + 8), f(at + ROWS), f(at + ROWS + 8)];
+                    sup[2] = _mm256_sub_ps(_mm256_setzero_ps(), sup[2]);
+                    sup[3] = _mm256_sub_ps(_mm256_setzero_ps(), sup[3]);
+                }
+                let pair = |h: usize| _mm256_cvtepu16_epi32(_mm_loadu_si128(d.add(b * ROWS + 8 * h) as *const __m128i));
+                let (p0, p1) = (pair(0), pair(1));
+                let low = |p: __m256i| _mm256_cvtepi32_ps(_mm256_and_si256(p, _mm256_set1_epi32(0xFF)));
+                let high = |p: __m256i| _mm256_cvtepi32_ps(_mm256_srli_epi32::<8>(p));
+                (
+                    [_mm256_mul_ps(low(p0), sup[0]), _mm256_mul_ps(low(p1), sup[1])],
+                    [_mm256_mul_ps(high(p0), sup[2]), _mm256_mul_ps(high(p1), sup[3])],
+                )
+            } else {
+                let wd = [half(d, 0), half(d, 1)];
+                (wd, if matches!(scaling, Scaling::Min | Scaling::Halves) { [half(m, 0), half(m, 1)] } else { wd })
+            };
             for c in 0..C {
                 let dxb = _mm256_set1_ps(*dx[c].add(b));
                 for h in 0..2 {
@@ -441,6 +477,8 @@ mod x86 {
         let has_m = matches!(scaling, Scaling::Min | Scaling::Halves);
         let (nib, ones) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi16(1));
         let mut acc = [_mm512_setzero_ps(); C];
+        // Q4_K: the current super-block's d and −dmin per row lane.
+        let (mut sup_d, mut sup_m) = (_mm512_setzero_ps(), _mm512_setzero_ps());
         for b in 0..n {
             let qb = ops.block(b, GROUP_BLOCK + P * PLANE);
             if b % 2 == 0 {
@@ -477,8 +515,22 @@ mod x86 {
                     }
                 }
             }
-            let wd = _mm512_cvtph_ps(_mm256_loadu_si256(d.add(b * ROWS) as *const __m256i));
-            let wm = if has_m { _mm512_cvtph_ps(_mm256_loadu_si256(m.add(b * ROWS) as *const __m256i)) } else { wd };
+            let (wd, wm) = if scaling == Scaling::SuperMin {
+                if b % 8 == 0 {
+                    let at = (b / 8) * 2 * ROWS;
+                    sup_d = _mm512_cvtph_ps(_mm256_loadu_si256(m.add(at) as *const __m256i));
+                    let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(m.add(at + ROWS) as *const __m256i));
+                    sup_m = _mm512_sub_ps(_mm512_setzero_ps(), dmin);
+                }
+                // Sub-block b's 6-bit scale (low byte) and min (high byte) per row lane.
+                let pair = _mm512_cvtepu16_epi32(_mm256_loadu_si256(d.add(b * ROWS) as *const __m256i));
+                let sc = _mm512_cvtepi32_ps(_mm512_and_si512(pair, _mm512_set1_epi32(0xFF)));
+                let mn = _mm512_cvtepi32_ps(_mm512_srli_epi32::<8>(pair));
+                (_mm512_mul_ps(sc, sup_d), _mm512_mul_ps(mn, sup_m))
+            } else {
+                let wd = _mm512_cvtph_ps(_mm256_loadu_si256(d.add(b * ROWS) as *const __m256i));
+                (wd, if has_m { _mm512_cvtph_ps(_mm256_loadu_si256(m.add(b * ROWS) as *const __m256i)) } else { wd })
+            };
             for c in 0..C {
                 let dxb = _mm512_set1_ps(*dx[c].add(b));
                 if scaling == Scaling::Halves {

@@ -107,26 +107,34 @@ fn every_isa_matches_ggml_vec_dot() {
     }
 }
 
-/// Q6_K and Q5_K in the 16-row layout, on every path this CPU has (the scalar loops
+/// Q6_K, Q5_K and Q4_K in the 16-row layout, on every path this CPU has (the scalar loops
 /// included), against the product written out from ggml's own codes and scales
 /// (`q6_k_halves`, `q5_k_blocks`: the scales and mins rounded to f16, the tiles' one
-/// approximation) and the activations' 8-bit codes; and against ggml's `vec_dot_q*_K_q8_K`:
+/// approximation; Q4_K's `d·sc` and `dmin·m` formed in f32, as ggml forms them) and the
+/// activations' 8-bit codes; and against ggml's `vec_dot_q*_K_q8_K`:
 /// measured from the exact product of the file's dequantized rows, the tiles' error is no
 /// larger than ggml's (whose activations are rounded per 256, ours per 32).
 #[test]
 fn k_quant_tiles_match_ggml_codes_and_scales() {
-    use crate::quant::k_quants::{q5_k_blocks, q6_k_halves, QK};
+    use crate::quant::k_quants::{q5_k_blocks, q6_k_halves, scale_min_k4, QK};
     let f = |bits: u16| half::f16::from_bits(bits).to_f32() as f64;
     let mut rng = Rng::new(23);
-    for ty in [GgmlType::Q6_K, GgmlType::Q5_K] {
+    for ty in [GgmlType::Q6_K, GgmlType::Q5_K, GgmlType::Q4_K] {
         for &(rows, cols, t) in &[(16, 256, 1), (21, 512, 3), (40, 768, 9), (17, 256, 17)] {
             let w = rng.normals(rows * cols, 0.4);
             let x = rng.normals(t * cols, 1.5);
             let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
             let name = ty.name();
-            assert!(Packed::pack_as(ty, rows, cols, &data, Layout::RowPairs).is_none(), "{name}: no row-pair tiles");
+            // In row pairs Q4_K enters as Q4_1 blocks; the others have no row-pair tiles.
+            let pairs = Packed::pack_as(ty, rows, cols, &data, Layout::RowPairs).map(|p| p.kind);
+            assert_eq!(pairs, (ty == GgmlType::Q4_K).then_some(Kind::Q4_1), "{name}: row-pair tiles");
             let p = Packed::pack_as(ty, rows, cols, &data, Layout::Rows16).expect("packs in 16-row groups");
-            assert_eq!(p.kind, if ty == GgmlType::Q6_K { Kind::Q6K } else { Kind::Q5K });
+            let kind = match ty {
+                GgmlType::Q6_K => Kind::Q6K,
+                GgmlType::Q5_K => Kind::Q5K,
+                _ => Kind::Q4K,
+            };
+            assert_eq!(p.kind, kind);
             let a = QActs::quantize(&x, t, cols);
             let bb = ty.block_bytes();
             let mut want = vec![0f64; rows * t];
@@ -137,7 +145,21 @@ fn k_quant_tiles_match_ggml_codes_and_scales() {
                         let (xq, dx) = a.row(r);
                         let xs = &xq[k * QK..(k + 1) * QK];
                         let dxs = &dx[k * 8..(k + 1) * 8];
-                        want[o * t + r] += if ty == GgmlType::Q6_K {
+                        want[o * t + r] += if ty == GgmlType::Q4_K {
+                            let (d, dmin) =
+                                (f(u16::from_le_bytes([blk[0], blk[1]])), f(u16::from_le_bytes([blk[2], blk[3]])));
+                            (0..8)
+                                .map(|j| {
+                                    let (ls, lm) = scale_min_k4(j, &blk[4..16]);
+                                    let q = &blk[16 + 32 * (j / 2)..16 + 32 * (j / 2 + 1)];
+                                    let code = |i: usize| if j % 2 == 0 { q[i] & 0x0F } else { q[i] >> 4 } as i32;
+                                    let isum: i32 = (0..32).map(|i| code(i) * xs[32 * j + i] as i32).sum();
+                                    let xsum: i32 = xs[32 * j..32 * (j + 1)].iter().map(|&v| v as i32).sum();
+                                    let (sc, mn) = ((d as f32 * ls as f32) as f64, (-(dmin as f32) * lm as f32) as f64);
+                                    dxs[j] as f64 * (sc * isum as f64 + mn * xsum as f64)
+                                })
+                                .sum::<f64>()
+                        } else if ty == GgmlType::Q6_K {
                             let (q, sc) = q6_k_halves(blk).expect("finite scales");
                             (0..16)
                                 .map(|g| {
@@ -196,7 +218,8 @@ fn packed_rows_dequantize_like_ggml_and_select() {
     let cases = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0]
         .into_iter()
         .flat_map(|ty| [(ty, Layout::RowPairs), (ty, Layout::Rows16)])
-        .chain([(GgmlType::Q6_K, Layout::Rows16), (GgmlType::Q5_K, Layout::Rows16), (GgmlType::Q5_1, Layout::Rows16)]);
+        .chain([(GgmlType::Q6_K, Layout::Rows16), (GgmlType::Q5_K, Layout::Rows16), (GgmlType::Q5_1, Layout::Rows16)])
+        .chain([(GgmlType::Q4_K, Layout::Rows16), (GgmlType::Q4_K, Layout::RowPairs)]);
     for (ty, layout) in cases {
         // K-quants: super-blocks of 256; scales and mins rounded to f16 (each term off by at
         // most 2⁻¹¹ of itself; code·scale and min reach ~1.6 here and can cancel).
