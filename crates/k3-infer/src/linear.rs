@@ -26,7 +26,8 @@ pub struct Matrix {
 
 impl Matrix {
     /// A matrix from raw ggml rows, repacked for the integer kernels when its type has them
-    /// (Q4_K as Q4_1 tiles, the Q5 types and Q6_K as nibbles plus high-bit planes: `Packed::pack`).
+    /// (Q4_K with its 6-bit scales, the Q5 types and Q6_K as nibbles plus high-bit planes:
+    /// `Packed::pack`).
     pub fn new(rows: usize, cols: usize, ty: GgmlType, data: Vec<u8>) -> Self {
         debug_assert_eq!(data.len(), rows * ty.row_bytes(cols));
         match Packed::pack(ty, rows, cols, &data) {
