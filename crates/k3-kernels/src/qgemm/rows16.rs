@@ -208,24 +208,25 @@ unsafe fn gemm<const VNNI: bool>(w: &Packed, a: &QActs, lo: usize, hi: usize, ou
     super::tiles(lo, hi, a.t, ROWS, 8, |r0, valid, t0, c| {
         let args = (w, a, r0, t0, valid, r0 - lo, out);
         macro_rules! tiles {
-            ($tile:ident $(, $p:literal)?) => {
+            ($tile:ident $(, $p:literal)*) => {
                 match c {
-                    8 => x86::$tile::<8, VNNI $(, $p)?>(args),
-                    7 => x86::$tile::<7, VNNI $(, $p)?>(args),
-                    6 => x86::$tile::<6, VNNI $(, $p)?>(args),
-                    5 => x86::$tile::<5, VNNI $(, $p)?>(args),
-                    4 => x86::$tile::<4, VNNI $(, $p)?>(args),
-                    3 => x86::$tile::<3, VNNI $(, $p)?>(args),
-                    2 => x86::$tile::<2, VNNI $(, $p)?>(args),
-                    _ => x86::$tile::<1, VNNI $(, $p)?>(args),
+                    8 => x86::$tile::<8, VNNI $(, $p)*>(args),
+                    7 => x86::$tile::<7, VNNI $(, $p)*>(args),
+                    6 => x86::$tile::<6, VNNI $(, $p)*>(args),
+                    5 => x86::$tile::<5, VNNI $(, $p)*>(args),
+                    4 => x86::$tile::<4, VNNI $(, $p)*>(args),
+                    3 => x86::$tile::<3, VNNI $(, $p)*>(args),
+                    2 => x86::$tile::<2, VNNI $(, $p)*>(args),
+                    _ => x86::$tile::<1, VNNI $(, $p)*>(args),
                 }
             };
         }
         match w.kind {
             Kind::Q8_0 => tiles!(tile_q8),
-            Kind::Q4_0 | Kind::Q4_1 | Kind::Q4K => tiles!(tile, 0),
-            Kind::Q5_0 | Kind::Q5K | Kind::Q5_1 => tiles!(tile, 1),
-            Kind::Q6K => tiles!(tile, 2),
+            Kind::Q4_0 | Kind::Q4_1 => tiles!(tile, 0, false),
+            Kind::Q4K => tiles!(tile, 0, true),
+            Kind::Q5_0 | Kind::Q5K | Kind::Q5_1 => tiles!(tile, 1, false),
+            Kind::Q6K => tiles!(tile, 2, false),
         }
     });
 }
@@ -466,14 +467,17 @@ mod x86 {
     /// plane; summed (with VNNI) in two sets of 32-bit lanes, codes 0..16 and 16..32; without
     /// VNNI, Q4's in 16-bit lanes and the wider codes' widened to 32 bits per product. Then per
     /// row lane `d_w·(d_x·dot + k·s)` (Q4_0 k = −8, Q5_0 −16), `d_w·d_x·dot + m·s` (Q4_1, Q5_1,
-    /// Q5_K) or, a half block each, `d·(d_x·dot₀ − 32·s₀) + m·(d_x·dot₁ − 32·s₁)` (Q6_K).
+    /// Q5_K; Q4_K with `K4`, its `d_w = d·sc` and `m = −dmin·mn` formed per block from the byte
+    /// pairs and the super-block's scales) or, a half block each,
+    /// `d·(d_x·dot₀ − 32·s₀) + m·(d_x·dot₁ − 32·s₁)` (Q6_K).
     #[inline(always)]
-    pub(super) unsafe fn tile<const C: usize, const VNNI: bool, const P: usize>(
+    pub(super) unsafe fn tile<const C: usize, const VNNI: bool, const P: usize, const K4: bool>(
         (w, a, r0, t0, valid, orow, out): TileArgs,
     ) {
         let ops = Operands::<C>::new(w, a, r0, t0);
         let Operands { n, d, m, xq, dx, sx, .. } = ops;
-        let scaling = Scaling::of(w.kind);
+        // Q4_K's scales known at compile time, so the other kinds' tiles carry none of its work.
+        let scaling = if K4 { Scaling::SuperMin } else { Scaling::of(w.kind) };
         let has_m = matches!(scaling, Scaling::Min | Scaling::Halves);
         let (nib, ones) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi16(1));
         let mut acc = [_mm512_setzero_ps(); C];
@@ -515,7 +519,7 @@ mod x86 {
                     }
                 }
             }
-            let (wd, wm) = if scaling == Scaling::SuperMin {
+            let (wd, wm) = if K4 {
                 if b % 8 == 0 {
                     let at = (b / 8) * 2 * ROWS;
                     sup_d = _mm512_cvtph_ps(_mm256_loadu_si256(m.add(at) as *const __m256i));
