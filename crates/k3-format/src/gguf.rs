@@ -354,8 +354,19 @@ impl GgufFile {
     /// loader's peak memory on top of the repacked copy; a later read faults them back in from
     /// the file. Best effort: an unknown name or a refused madvise changes nothing.
     pub fn release(&self, name: &str) {
-        let Ok((_, _, bytes)) = self.tensor_data(name) else { return };
-        let start = bytes.as_ptr() as usize - self.mmap.as_ptr() as usize;
+        if let Ok((_, _, bytes)) = self.tensor_data(name) {
+            self.release_bytes(bytes);
+        }
+    }
+
+    /// [`GgufFile::release`] for any part of the mapping (a band of a tensor's rows, once
+    /// repacked); a slice from elsewhere changes nothing.
+    pub fn release_bytes(&self, bytes: &[u8]) {
+        let base = self.mmap.as_ptr() as usize;
+        let Some(start) = (bytes.as_ptr() as usize).checked_sub(base) else { return };
+        if bytes.is_empty() || start + bytes.len() > self.mmap.len() {
+            return;
+        }
         // SAFETY: the mapping is read-only and file-backed (`Mmap::map`), so its pages are never
         // modified: MADV_DONTNEED only drops them, and any later access (through any live slice)
         // reads the same bytes from the file again.

@@ -36,11 +36,12 @@ impl Matrix {
         }
     }
 
-    /// [`Matrix::new`] from borrowed rows (a mapped GGUF tensor): repacked straight from them, or
-    /// copied when the type has no tiles, so a load holds the file's pages and one copy at a time.
-    pub fn from_ggml(rows: usize, cols: usize, ty: GgmlType, data: &[u8]) -> Self {
+    /// [`Matrix::new`] from borrowed rows (a mapped GGUF tensor): repacked straight from them a
+    /// band at a time, each band's bytes handed to `done` once repacked (the loader drops their
+    /// pages), or copied when the type has no tiles.
+    pub fn from_ggml(rows: usize, cols: usize, ty: GgmlType, data: &[u8], done: impl FnMut(&[u8])) -> Self {
         debug_assert_eq!(data.len(), rows * ty.row_bytes(cols));
-        match Packed::pack(ty, rows, cols, data) {
+        match Packed::pack_bands(ty, rows, cols, data, 2 << 20, done) {
             Some(p) => Self { rows, cols, ty, data: Vec::new(), packed: Some(Arc::new(p)), name: None },
             None => Self { rows, cols, ty, data: data.to_vec(), packed: None, name: None },
         }

@@ -101,7 +101,7 @@ impl Source {
                 info.ne
             )));
         }
-        let m = Matrix::from_ggml(rows, cols, ty, bytes);
+        let m = Matrix::from_ggml(rows, cols, ty, bytes, |band| file.release_bytes(band));
         file.release(name);
         Ok(m)
     }

@@ -289,6 +289,41 @@ impl Packed {
         Self::pack_as(ty, rows, cols, data, layout)
     }
 
+    /// [`Packed::pack`] a band of rows at a time (whole 16-row groups, about `band_bytes` of
+    /// `data` each), handing each band's bytes to `done` once it is repacked: a caller reading
+    /// the rows from a mapped file can drop their pages as it goes, so the load holds the repacked
+    /// matrix and one band of the file's pages at once, not the whole tensor twice. The same
+    /// matrix as one `pack` (the layouts are band-contiguous: row-major, or 16-row groups).
+    pub fn pack_bands(
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        data: &[u8],
+        band_bytes: usize,
+        mut done: impl FnMut(&[u8]),
+    ) -> Option<Packed> {
+        let rb = ty.row_bytes(cols);
+        let band = (band_bytes / rb.max(1)).max(1).next_multiple_of(rows16::ROWS);
+        let mut whole: Option<Packed> = None;
+        for r0 in (0..rows).step_by(band) {
+            let rows_here = band.min(rows - r0);
+            let bytes = &data[r0 * rb..(r0 + rows_here) * rb];
+            let part = Self::pack(ty, rows_here, cols, bytes)?;
+            done(bytes);
+            match &mut whole {
+                None => whole = Some(part),
+                Some(w) => {
+                    debug_assert!(w.rows.is_multiple_of(w.row_align()) && (w.kind, w.nbp) == (part.kind, part.nbp));
+                    w.rows += part.rows;
+                    w.qs.extend_from_slice(&part.qs);
+                    w.d.extend_from_slice(&part.d);
+                    w.m.extend_from_slice(&part.m);
+                }
+            }
+        }
+        whole
+    }
+
     /// The kind a 32-code block type packs as, with its block's bytes and where its codes start.
     fn block_kind(ty: GgmlType) -> Option<(Kind, usize, usize)> {
         match ty {

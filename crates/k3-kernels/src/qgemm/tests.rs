@@ -249,3 +249,27 @@ fn packed_rows_dequantize_like_ggml_and_select() {
 fn scalar_path_is_always_there() {
     assert_eq!(Isa::available()[0], Isa::Scalar);
 }
+
+/// Packing a band of rows at a time gives the bytes of one `pack`, for every kind and layout,
+/// with a last band shorter than the others; every row's bytes are handed back once, in order.
+#[test]
+fn packing_in_bands_equals_packing_at_once() {
+    let mut rng = Rng::new(31);
+    let (rows, cols) = (53, 512);
+    let types = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q5_1];
+    let k_quants = [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K];
+    for ty in types.into_iter().chain(k_quants) {
+        let w = rng.normals(rows * cols, 0.4);
+        let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
+        let whole = Packed::pack(ty, rows, cols, &data).expect("packs");
+        let mut seen = 0;
+        let banded = Packed::pack_bands(ty, rows, cols, &data, 3 * ty.row_bytes(cols), |b| {
+            assert_eq!(b.as_ptr(), data[seen..].as_ptr(), "{}: bands in order", ty.name());
+            seen += b.len();
+        })
+        .expect("packs in bands");
+        assert_eq!(seen, data.len(), "{}: every byte handed back", ty.name());
+        let key = |p: &Packed| (p.kind, p.layout, p.rows, p.cols, p.nbp, p.qs.clone(), p.d.clone(), p.m.clone());
+        assert!(key(&whole) == key(&banded), "{}: banded packing differs", ty.name());
+    }
+}
