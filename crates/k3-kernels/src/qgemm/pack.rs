@@ -1,0 +1,269 @@
+//! Repacking ggml rows into the kernels' layouts ([`Packed`]): per type, the codes as the tiles
+//! store them and the scales (and mins, second scales, super-block scales) they read.
+
+use super::{rows16, rows16_simd, Kind, Layout, Packed, BLOCK};
+use crate::quant::k_quants::{q5_k_blocks, q6_k_halves, Q5K_BYTES, Q6K_BYTES, QK};
+use crate::quant::GgmlType;
+
+/// One K-quant super-block as the 16-row tiles take it: 256 codes as stored, and its eight
+/// 32-code blocks' `d` and `m` (f16 bits).
+type SuperBlock = ([u8; QK], [u16; 8], [u16; 8]);
+
+/// A Q6_K super-block for [`Kind::Q6K`]: codes as stored (0..63), each block's first-half scale
+/// in `d` and second-half one in `m`.
+fn q6_k_super_block(blk: &[u8]) -> Option<SuperBlock> {
+    let (q, sc) = q6_k_halves(blk)?;
+    Some((q.map(|q| (q as i32 + 32) as u8), std::array::from_fn(|j| sc[2 * j]), std::array::from_fn(|j| sc[2 * j + 1])))
+}
+
+impl Packed {
+    /// Repack ggml rows of `ty` (`rows × ty.row_bytes(cols)` bytes) in the layout this CPU's
+    /// kernels read. `None` for types the integer kernels do not take. Q4_K rows enter as the
+    /// Q4_1 blocks their sub-blocks are (`k_quants::q4_k_as_q4_1`: scales and mins rounded to
+    /// f16, 5 bits a weight instead of 4.5), so they take tiles instead of one row dot per
+    /// token. Q5_0, Q5_1, Q5_K and Q6_K rows enter the 16-row layout as nibbles plus one or two
+    /// high-bit planes ([`Kind::Q5_0`], [`Kind::Q5_1`], [`Kind::Q5K`], [`Kind::Q6K`]; 6 bits a
+    /// weight for the Q5 types, 7 for Q6_K), which has no row-pair form: they take that layout
+    /// wherever its SIMD kernels run, also on CPUs whose other matrices are in row pairs (AMX
+    /// hosts, `K3MINI_LAYOUT=rowpairs`). Elsewhere Q5_0 rows enter as the Q8_0 blocks they equal
+    /// exactly (`q5_0::as_q8_0`) and the others stay on row dots (`None`).
+    pub fn pack(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Option<Packed> {
+        let layout = match ty {
+            GgmlType::Q4_K | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5_K | GgmlType::Q6_K if rows16_simd() => {
+                Layout::Rows16
+            }
+            _ => Layout::best(),
+        };
+        Self::pack_as(ty, rows, cols, data, layout)
+    }
+
+    /// [`Packed::pack`] a band of rows at a time (whole 16-row groups, about `band_bytes` of
+    /// `data` each), handing each band's bytes to `done` once it is repacked: a caller reading
+    /// the rows from a mapped file can drop their pages as it goes, so the load holds the repacked
+    /// matrix and one band of the file's pages at once, not the whole tensor twice. The same
+    /// matrix as one `pack` (the layouts are band-contiguous: row-major, or 16-row groups).
+    pub fn pack_bands(
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        data: &[u8],
+        band_bytes: usize,
+        mut done: impl FnMut(&[u8]),
+    ) -> Option<Packed> {
+        let rb = ty.row_bytes(cols);
+        let band = (band_bytes / rb.max(1)).max(1).next_multiple_of(rows16::ROWS);
+        let mut whole: Option<Packed> = None;
+        for r0 in (0..rows).step_by(band) {
+            let rows_here = band.min(rows - r0);
+            let bytes = &data[r0 * rb..(r0 + rows_here) * rb];
+            let part = Self::pack(ty, rows_here, cols, bytes)?;
+            done(bytes);
+            match &mut whole {
+                None => whole = Some(part),
+                Some(w) => {
+                    debug_assert!(w.rows.is_multiple_of(w.row_align()) && (w.kind, w.nbp) == (part.kind, part.nbp));
+                    w.rows += part.rows;
+                    w.qs.extend_from_slice(&part.qs);
+                    w.d.extend_from_slice(&part.d);
+                    w.m.extend_from_slice(&part.m);
+                }
+            }
+        }
+        whole
+    }
+
+    /// The kind a 32-code block type packs as, with its block's bytes and where its codes start.
+    fn block_kind(ty: GgmlType) -> Option<(Kind, usize, usize)> {
+        match ty {
+            GgmlType::Q4_0 => Some((Kind::Q4_0, 18, 2)),
+            GgmlType::Q4_1 => Some((Kind::Q4_1, 20, 4)),
+            GgmlType::Q8_0 => Some((Kind::Q8_0, 34, 2)),
+            _ => None,
+        }
+    }
+
+    /// [`Packed::pack`] in a given layout.
+    pub fn pack_as(ty: GgmlType, rows: usize, cols: usize, data: &[u8], layout: Layout) -> Option<Packed> {
+        match ty {
+            GgmlType::Q4_K if layout == Layout::Rows16 => return Self::pack_q4_k(rows, cols, data),
+            GgmlType::Q4_K => {
+                let q41 = crate::quant::k_quants::q4_k_as_q4_1(data);
+                return Self::pack_as(GgmlType::Q4_1, rows, cols, &q41, layout);
+            }
+            GgmlType::Q5_0 if layout == Layout::RowPairs => {
+                return Self::pack_as(GgmlType::Q8_0, rows, cols, &crate::quant::q5_0::as_q8_0(data), layout)
+            }
+            GgmlType::Q5_0 => return Self::pack_q5(Kind::Q5_0, rows, cols, data, layout),
+            GgmlType::Q6_K => {
+                return Self::pack_super_blocks(Kind::Q6K, (rows, cols, data, layout), Q6K_BYTES, q6_k_super_block)
+            }
+            GgmlType::Q5_K => {
+                return Self::pack_super_blocks(Kind::Q5K, (rows, cols, data, layout), Q5K_BYTES, q5_k_blocks)
+            }
+            GgmlType::Q5_1 => return Self::pack_q5(Kind::Q5_1, rows, cols, data, layout),
+            _ => {}
+        }
+        let (kind, bb, off) = Self::block_kind(ty)?;
+        if !cols.is_multiple_of(BLOCK) {
+            return None;
+        }
+        let nb = cols / BLOCK;
+        let row_bytes = nb * bb;
+        debug_assert_eq!(data.len(), rows * row_bytes);
+        Some(Self::from_rows(kind, layout, rows, cols, |r, codes, d, m| {
+            let row = &data[r * row_bytes..(r + 1) * row_bytes];
+            for b in 0..nb {
+                let blk = &row[b * bb..(b + 1) * bb];
+                d[b] = u16::from_le_bytes([blk[0], blk[1]]);
+                if kind == Kind::Q4_1 {
+                    m[b] = u16::from_le_bytes([blk[2], blk[3]]);
+                }
+                let c = &mut codes[b * BLOCK..(b + 1) * BLOCK];
+                match kind {
+                    Kind::Q8_0 => {
+                        for j in 0..BLOCK {
+                            c[j] = (blk[off + j] as i8 as i32 + 128) as u8;
+                        }
+                    }
+                    _ => {
+                        for j in 0..16 {
+                            c[j] = blk[off + j] & 0x0F;
+                            c[j + 16] = blk[off + j] >> 4;
+                        }
+                    }
+                }
+            }
+        }))
+    }
+
+    /// K-quant rows (`cols` a multiple of 256, `bytes` a super-block) as `kind` in the 16-row
+    /// layout, each super-block decoded once by `block` into its 256 codes as the tiles store
+    /// them and its eight blocks' `d` and `m`; `None` in row pairs, or when `block` refuses one
+    /// (a scale past f16's range: the caller keeps ggml's row dots).
+    fn pack_super_blocks(
+        kind: Kind,
+        (rows, cols, data, layout): (usize, usize, &[u8], Layout),
+        bytes: usize,
+        block: fn(&[u8]) -> Option<SuperBlock>,
+    ) -> Option<Packed> {
+        if layout != Layout::Rows16 || !cols.is_multiple_of(QK) {
+            return None;
+        }
+        debug_assert_eq!(data.len(), rows * cols / QK * bytes);
+        let refused = std::cell::Cell::new(false);
+        let p = Self::from_rows(kind, layout, rows, cols, |r, codes, d, m| {
+            let row = &data[r * cols / QK * bytes..(r + 1) * cols / QK * bytes];
+            for (k, blk) in row.chunks_exact(bytes).enumerate() {
+                let Some((q, sc, mn)) = block(blk) else { return refused.set(true) };
+                codes[k * QK..(k + 1) * QK].copy_from_slice(&q);
+                d[k * 8..(k + 1) * 8].copy_from_slice(&sc);
+                m[k * 8..(k + 1) * 8].copy_from_slice(&mn);
+            }
+        });
+        (!refused.get()).then_some(p)
+    }
+
+    /// Q4_K rows as [`Kind::Q4K`] in the 16-row layout (`cols` a multiple of 256, else `None`).
+    fn pack_q4_k(rows: usize, cols: usize, data: &[u8]) -> Option<Packed> {
+        use crate::quant::k_quants::{scale_min_k4, Q4K_BYTES};
+        if !cols.is_multiple_of(QK) {
+            return None;
+        }
+        let row_bytes = cols / QK * Q4K_BYTES;
+        debug_assert_eq!(data.len(), rows * row_bytes);
+        Some(Self::from_rows(Kind::Q4K, Layout::Rows16, rows, cols, |r, codes, d, m| {
+            for (k, blk) in data[r * row_bytes..(r + 1) * row_bytes].chunks_exact(Q4K_BYTES).enumerate() {
+                m[2 * k] = u16::from_le_bytes([blk[0], blk[1]]);
+                m[2 * k + 1] = u16::from_le_bytes([blk[2], blk[3]]);
+                let (sc, qs) = (&blk[4..16], &blk[16..]);
+                for j in 0..8 {
+                    let (ls, lm) = scale_min_k4(j, sc);
+                    d[k * 8 + j] = ls as u16 | (lm as u16) << 8;
+                    // Sub-block j's codes: the low nibbles of qs[32·(j/2)..] for even j, the high for odd.
+                    let q = &qs[32 * (j / 2)..32 * (j / 2 + 1)];
+                    let c = &mut codes[k * QK + 32 * j..k * QK + 32 * (j + 1)];
+                    c.iter_mut().zip(q).for_each(|(c, &b)| *c = if j % 2 == 0 { b & 0x0F } else { b >> 4 });
+                }
+            }
+        }))
+    }
+
+    /// Q5_0 or Q5_1 rows (`kind`) in the 16-row layout, exactly (their f16 scale and, for Q5_1,
+    /// min; codes 0..31); `None` in row pairs.
+    fn pack_q5(kind: Kind, rows: usize, cols: usize, data: &[u8], layout: Layout) -> Option<Packed> {
+        use crate::quant::q5_0::unpack_five_bits;
+        if layout != Layout::Rows16 || !cols.is_multiple_of(BLOCK) {
+            return None;
+        }
+        // f16 d (and for Q5_1 f16 m), then `u8 qh[4]; u8 qs[16]`.
+        let head = if kind == Kind::Q5_1 { 4 } else { 2 };
+        let (nb, bytes) = (cols / BLOCK, head + 20);
+        debug_assert_eq!(data.len(), rows * nb * bytes);
+        Some(Self::from_rows(kind, layout, rows, cols, |r, c, d, m| {
+            for (b, blk) in data[r * nb * bytes..(r + 1) * nb * bytes].chunks_exact(bytes).enumerate() {
+                c[b * BLOCK..(b + 1) * BLOCK].copy_from_slice(&unpack_five_bits(&blk[head..]));
+                d[b] = u16::from_le_bytes([blk[0], blk[1]]);
+                if kind == Kind::Q5_1 {
+                    m[b] = u16::from_le_bytes([blk[2], blk[3]]);
+                }
+            }
+        }))
+    }
+
+    /// Build from rows given as unsigned codes (`nbp·32`; Q8_0 as code + 128, the others as
+    /// stored), f16 scales and mins or second-half scales (`nbp` each; Q4_K: its scale-min byte
+    /// pairs and super-block scales, [`Kind::Q4K`]); `row` fills them for row r (pad blocks are
+    /// left zero, byte codes 128).
+    pub(super) fn from_rows(
+        kind: Kind,
+        layout: Layout,
+        rows: usize,
+        cols: usize,
+        mut row: impl FnMut(usize, &mut [u8], &mut [u16], &mut [u16]),
+    ) -> Packed {
+        let nb = cols / BLOCK;
+        let nbp = nb + nb % 2;
+        let stored_rows = if layout == Layout::Rows16 { rows.next_multiple_of(rows16::ROWS) } else { rows };
+        let mut p = Packed {
+            kind,
+            layout,
+            rows,
+            cols,
+            nbp,
+            qs: Vec::new(),
+            d: vec![0u16; stored_rows * nbp],
+            m: if kind.has_m() { vec![0u16; stored_rows * kind.m_per_row(nbp)] } else { Vec::new() },
+        };
+        let per_row = p.row_qs();
+        p.qs = vec![0u8; stored_rows * per_row];
+        let mut codes = vec![0u8; nbp * BLOCK];
+        let (mut d, mut m) = (vec![0u16; nbp], vec![0u16; nbp]);
+        for r in 0..rows {
+            codes.iter_mut().for_each(|c| *c = if kind.byte_codes() { 128 } else { 0 });
+            d.iter_mut().for_each(|x| *x = 0);
+            m.iter_mut().for_each(|x| *x = 0);
+            row(r, &mut codes, &mut d, &mut m);
+            match layout {
+                Layout::Rows16 => rows16::store_row(&mut p, r, &codes, &d, &m),
+                Layout::RowPairs => {
+                    assert!(!kind.rows16_only(), "{kind:?} has no row-pair layout");
+                    let out = &mut p.qs[r * per_row..(r + 1) * per_row];
+                    if kind.byte_codes() {
+                        out.copy_from_slice(&codes);
+                    } else {
+                        for q in 0..nbp / 2 {
+                            for j in 0..BLOCK {
+                                out[q * 32 + j] = codes[2 * q * BLOCK + j] | (codes[(2 * q + 1) * BLOCK + j] << 4);
+                            }
+                        }
+                    }
+                    p.d[r * nbp..(r + 1) * nbp].copy_from_slice(&d);
+                    if kind.has_m() {
+                        p.m[r * nbp..(r + 1) * nbp].copy_from_slice(&m);
+                    }
+                }
+            }
+        }
+        p
+    }
+}
