@@ -243,7 +243,8 @@ fn rows16_avx2() -> bool {
 }
 
 /// A weight matrix [rows, cols] repacked for the kernels, in one [`Layout`]. Scales stay f16
-/// (ggml's bytes per weight); `m` holds Q4_1's mins (Q6_K's second-half scales).
+/// (ggml's bytes per weight); `m` holds Q4_1's and the Q5 types' mins (Q6_K's second-half
+/// scales, Q4_K's super-block scales, whose `d` holds 6-bit scale-and-min byte pairs).
 #[derive(Debug, Clone)]
 pub struct Packed {
     pub kind: Kind,

@@ -18,15 +18,16 @@ fn q6_k_super_block(blk: &[u8]) -> Option<SuperBlock> {
 
 impl Packed {
     /// Repack ggml rows of `ty` (`rows × ty.row_bytes(cols)` bytes) in the layout this CPU's
-    /// kernels read. `None` for types the integer kernels do not take. Q4_K rows enter as the
-    /// Q4_1 blocks their sub-blocks are (`k_quants::q4_k_as_q4_1`: scales and mins rounded to
-    /// f16, 5 bits a weight instead of 4.5), so they take tiles instead of one row dot per
-    /// token. Q5_0, Q5_1, Q5_K and Q6_K rows enter the 16-row layout as nibbles plus one or two
-    /// high-bit planes ([`Kind::Q5_0`], [`Kind::Q5_1`], [`Kind::Q5K`], [`Kind::Q6K`]; 6 bits a
-    /// weight for the Q5 types, 7 for Q6_K), which has no row-pair form: they take that layout
-    /// wherever its SIMD kernels run, also on CPUs whose other matrices are in row pairs (AMX
-    /// hosts, `K3MINI_LAYOUT=rowpairs`). Elsewhere Q5_0 rows enter as the Q8_0 blocks they equal
-    /// exactly (`q5_0::as_q8_0`) and the others stay on row dots (`None`).
+    /// kernels read. `None` for types the integer kernels do not take. Q4_K rows enter the
+    /// 16-row layout as [`Kind::Q4K`] (its 6-bit scales kept, 4.625 bits a weight); Q5_0, Q5_1,
+    /// Q5_K and Q6_K rows as nibbles plus one or two high-bit planes ([`Kind::Q5_0`],
+    /// [`Kind::Q5_1`], [`Kind::Q5K`], [`Kind::Q6K`]; 6 bits a weight for the Q5 types, 7 for
+    /// Q6_K). None of these has a row-pair form: they take the 16-row layout wherever its SIMD
+    /// kernels run, also on CPUs whose other matrices are in row pairs (AMX hosts,
+    /// `K3MINI_LAYOUT=rowpairs`). Elsewhere Q4_K rows enter as the Q4_1 blocks their sub-blocks
+    /// are (`k_quants::q4_k_as_q4_1`: scales and mins rounded to f16, 5 bits a weight), Q5_0 rows
+    /// as the Q8_0 blocks they equal exactly (`q5_0::as_q8_0`), and the others stay on row dots
+    /// (`None`).
     pub fn pack(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Option<Packed> {
         let layout = match ty {
             GgmlType::Q4_K | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5_K | GgmlType::Q6_K if rows16_simd() => {

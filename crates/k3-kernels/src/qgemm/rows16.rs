@@ -29,7 +29,9 @@
 //! the bit in place. The codes are then unsigned (Q5: 0..31, Q6_K: 0..63) and take vpdpbusd as
 //! they are. Q5_0 has Q4_0's arithmetic (offset −16 instead of −8), Q5_1 and Q5_K Q4_1's (a min
 //! a block), Q6_K a scale per 16 codes (`d` for codes 0..16 of a block, `m` for 16..32: the two
-//! accumulator sets, offset −32 against the activations' half sums).
+//! accumulator sets, offset −32 against the activations' half sums). Q4_K has no plane: Q4_1's
+//! nibbles, with each block's 6-bit scale and min as a byte pair in `d` and each super-block's
+//! f16 `d` and `dmin` in `m`, from which the tile forms the block's scale and min in f32.
 //! Dims: nbp blocks per row (even), R = 16 rows per group, C tokens per tile.
 
 use super::{Kind, Layout, OutMat, Packed, QActs, BLOCK};
