@@ -349,18 +349,11 @@ impl GgufFile {
         Ok((ty, t, &self.mmap[start..start + bytes]))
     }
 
-    /// Let the kernel drop this process's mapped pages of a tensor that the caller has copied out
-    /// (the engine repacks every weight at load), so that the file's pages do not add to the
-    /// loader's peak memory on top of the repacked copy; a later read faults them back in from
-    /// the file. Best effort: an unknown name or a refused madvise changes nothing.
-    pub fn release(&self, name: &str) {
-        if let Ok((_, _, bytes)) = self.tensor_data(name) {
-            self.release_bytes(bytes);
-        }
-    }
-
-    /// [`GgufFile::release`] for any part of the mapping (a band of a tensor's rows, once
-    /// repacked); a slice from elsewhere changes nothing.
+    /// Let the kernel drop this process's mapped pages of `bytes`, a part of the mapping that the
+    /// caller has copied out (the engine repacks every weight at load, a band of rows at a time),
+    /// so that the file's pages do not add to the loader's peak memory on top of the repacked
+    /// copy; a later read faults them back in from the file. Best effort: a slice from elsewhere
+    /// or a refused madvise changes nothing.
     pub fn release_bytes(&self, bytes: &[u8]) {
         let base = self.mmap.as_ptr() as usize;
         let Some(start) = (bytes.as_ptr() as usize).checked_sub(base) else { return };

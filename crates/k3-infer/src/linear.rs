@@ -30,20 +30,34 @@ impl Matrix {
     /// `Packed::pack`).
     pub fn new(rows: usize, cols: usize, ty: GgmlType, data: Vec<u8>) -> Self {
         debug_assert_eq!(data.len(), rows * ty.row_bytes(cols));
-        match Packed::pack(ty, rows, cols, &data) {
-            Some(p) => Self { rows, cols, ty, data: Vec::new(), packed: Some(Arc::new(p)), name: None },
-            None => Self { rows, cols, ty, data, packed: None, name: None },
-        }
+        let packed = Packed::pack(ty, rows, cols, &data);
+        Self::packed_or_raw(rows, cols, ty, packed, || data)
     }
 
     /// [`Matrix::new`] from borrowed rows (a mapped GGUF tensor): repacked straight from them a
-    /// band at a time, each band's bytes handed to `done` once repacked (the loader drops their
-    /// pages), or copied when the type has no tiles.
-    pub fn from_ggml(rows: usize, cols: usize, ty: GgmlType, data: &[u8], done: impl FnMut(&[u8])) -> Self {
+    /// band at a time, or copied when the type has no tiles; every byte is handed to `done` once
+    /// it has been read (the loader drops the file's pages).
+    pub fn from_ggml(rows: usize, cols: usize, ty: GgmlType, data: &[u8], mut done: impl FnMut(&[u8])) -> Self {
         debug_assert_eq!(data.len(), rows * ty.row_bytes(cols));
-        match Packed::pack_bands(ty, rows, cols, data, 2 << 20, done) {
+        let packed = Packed::pack_bands(ty, rows, cols, data, 2 << 20, &mut done);
+        Self::packed_or_raw(rows, cols, ty, packed, || {
+            let raw = data.to_vec();
+            done(data);
+            raw
+        })
+    }
+
+    /// The packed matrix when the type has tiles (no raw rows kept), else the raw rows.
+    fn packed_or_raw(
+        rows: usize,
+        cols: usize,
+        ty: GgmlType,
+        packed: Option<Packed>,
+        raw: impl FnOnce() -> Vec<u8>,
+    ) -> Self {
+        match packed {
             Some(p) => Self { rows, cols, ty, data: Vec::new(), packed: Some(Arc::new(p)), name: None },
-            None => Self { rows, cols, ty, data: data.to_vec(), packed: None, name: None },
+            None => Self { rows, cols, ty, data: raw(), packed: None, name: None },
         }
     }
 

@@ -101,9 +101,7 @@ impl Source {
                 info.ne
             )));
         }
-        let m = Matrix::from_ggml(rows, cols, ty, bytes, |band| file.release_bytes(band));
-        file.release(name);
-        Ok(m)
+        Ok(Matrix::from_ggml(rows, cols, ty, bytes, |read| file.release_bytes(read)))
     }
 
     fn gguf_f32(&self, name: &str, n: usize) -> Result<Vec<f32>> {

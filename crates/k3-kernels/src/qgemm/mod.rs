@@ -469,7 +469,7 @@ pub unsafe fn gemm_rows_out(isa: Isa, w: &Packed, a: &QActs, lo: usize, hi: usiz
         "activations shorter than their T × nbp blocks"
     );
     assert_eq!(w.nbp, a.nbp, "weight and activation widths differ");
-    assert!(!w.kind.rows16_only() || w.layout == Layout::Rows16, "Q5 / Q6_K tiles exist only in 16-row groups");
+    assert!(!w.kind.rows16_only() || w.layout == Layout::Rows16, "{:?} tiles exist only in 16-row groups", w.kind);
     assert!(hi <= w.rows && lo <= hi);
     assert!(
         lo.is_multiple_of(w.row_align()) || lo == hi,

@@ -2,12 +2,26 @@
 //! store them and the scales (and mins, second scales, super-block scales) they read.
 
 use super::{rows16, rows16_simd, Kind, Layout, Packed, BLOCK};
-use crate::quant::k_quants::{q5_k_blocks, q6_k_halves, Q5K_BYTES, Q6K_BYTES, QK};
+use crate::quant::k_quants::{q4_k_codes, q5_k_blocks, q6_k_halves, scale_min_k4, Q4K_BYTES, Q5K_BYTES, Q6K_BYTES, QK};
 use crate::quant::GgmlType;
 
-/// One K-quant super-block as the 16-row tiles take it: 256 codes as stored, and its eight
-/// 32-code blocks' `d` and `m` (f16 bits).
+/// One K-quant super-block as the 16-row tiles take it: 256 codes as stored, its eight 32-code
+/// blocks' `d` and its `m` (f16 bits; the first [`Kind::m_per_row`]`(8)` of them are used).
 type SuperBlock = ([u8; QK], [u16; 8], [u16; 8]);
+
+/// A Q4_K super-block for [`Kind::Q4K`]: codes as stored (0..15), each block's 6-bit scale and
+/// min as a byte pair in `d`, the super-block's f16 `d` and `dmin` in `m[0]`, `m[1]`.
+fn q4_k_super_block(blk: &[u8]) -> Option<SuperBlock> {
+    let (q, _, _, sc) = q4_k_codes(blk);
+    let pairs = std::array::from_fn(|j| {
+        let (ls, lm) = scale_min_k4(j, sc);
+        ls as u16 | (lm as u16) << 8
+    });
+    let mut m = [0u16; 8];
+    m[0] = u16::from_le_bytes([blk[0], blk[1]]);
+    m[1] = u16::from_le_bytes([blk[2], blk[3]]);
+    Some((q, pairs, m))
+}
 
 /// A Q6_K super-block for [`Kind::Q6K`]: codes as stored (0..63), each block's first-half scale
 /// in `d` and second-half one in `m`.
@@ -86,7 +100,9 @@ impl Packed {
     /// [`Packed::pack`] in a given layout.
     pub fn pack_as(ty: GgmlType, rows: usize, cols: usize, data: &[u8], layout: Layout) -> Option<Packed> {
         match ty {
-            GgmlType::Q4_K if layout == Layout::Rows16 => return Self::pack_q4_k(rows, cols, data),
+            GgmlType::Q4_K if layout == Layout::Rows16 => {
+                return Self::pack_super_blocks(Kind::Q4K, (rows, cols, data, layout), Q4K_BYTES, q4_k_super_block)
+            }
             GgmlType::Q4_K => {
                 let q41 = crate::quant::k_quants::q4_k_as_q4_1(data);
                 return Self::pack_as(GgmlType::Q4_1, rows, cols, &q41, layout);
@@ -139,8 +155,8 @@ impl Packed {
 
     /// K-quant rows (`cols` a multiple of 256, `bytes` a super-block) as `kind` in the 16-row
     /// layout, each super-block decoded once by `block` into its 256 codes as the tiles store
-    /// them and its eight blocks' `d` and `m`; `None` in row pairs, or when `block` refuses one
-    /// (a scale past f16's range: the caller keeps ggml's row dots).
+    /// them, its eight blocks' `d` and its `m` entries; `None` in row pairs, or when `block`
+    /// refuses one (a scale past f16's range: the caller keeps ggml's row dots).
     fn pack_super_blocks(
         kind: Kind,
         (rows, cols, data, layout): (usize, usize, &[u8], Layout),
@@ -152,41 +168,17 @@ impl Packed {
         }
         debug_assert_eq!(data.len(), rows * cols / QK * bytes);
         let refused = std::cell::Cell::new(false);
+        let mk = kind.m_per_row(8); // `m` entries per super-block
         let p = Self::from_rows(kind, layout, rows, cols, |r, codes, d, m| {
             let row = &data[r * cols / QK * bytes..(r + 1) * cols / QK * bytes];
             for (k, blk) in row.chunks_exact(bytes).enumerate() {
                 let Some((q, sc, mn)) = block(blk) else { return refused.set(true) };
                 codes[k * QK..(k + 1) * QK].copy_from_slice(&q);
                 d[k * 8..(k + 1) * 8].copy_from_slice(&sc);
-                m[k * 8..(k + 1) * 8].copy_from_slice(&mn);
+                m[k * mk..(k + 1) * mk].copy_from_slice(&mn[..mk]);
             }
         });
         (!refused.get()).then_some(p)
-    }
-
-    /// Q4_K rows as [`Kind::Q4K`] in the 16-row layout (`cols` a multiple of 256, else `None`).
-    fn pack_q4_k(rows: usize, cols: usize, data: &[u8]) -> Option<Packed> {
-        use crate::quant::k_quants::{scale_min_k4, Q4K_BYTES};
-        if !cols.is_multiple_of(QK) {
-            return None;
-        }
-        let row_bytes = cols / QK * Q4K_BYTES;
-        debug_assert_eq!(data.len(), rows * row_bytes);
-        Some(Self::from_rows(Kind::Q4K, Layout::Rows16, rows, cols, |r, codes, d, m| {
-            for (k, blk) in data[r * row_bytes..(r + 1) * row_bytes].chunks_exact(Q4K_BYTES).enumerate() {
-                m[2 * k] = u16::from_le_bytes([blk[0], blk[1]]);
-                m[2 * k + 1] = u16::from_le_bytes([blk[2], blk[3]]);
-                let (sc, qs) = (&blk[4..16], &blk[16..]);
-                for j in 0..8 {
-                    let (ls, lm) = scale_min_k4(j, sc);
-                    d[k * 8 + j] = ls as u16 | (lm as u16) << 8;
-                    // Sub-block j's codes: the low nibbles of qs[32·(j/2)..] for even j, the high for odd.
-                    let q = &qs[32 * (j / 2)..32 * (j / 2 + 1)];
-                    let c = &mut codes[k * QK + 32 * j..k * QK + 32 * (j + 1)];
-                    c.iter_mut().zip(q).for_each(|(c, &b)| *c = if j % 2 == 0 { b & 0x0F } else { b >> 4 });
-                }
-            }
-        }))
     }
 
     /// Q5_0 or Q5_1 rows (`kind`) in the 16-row layout, exactly (their f16 scale and, for Q5_1,

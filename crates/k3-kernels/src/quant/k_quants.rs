@@ -176,16 +176,29 @@ pub fn quantize_q4_k(x: &[f32]) -> Vec<u8> {
     out
 }
 
+/// The Q4_K codes of one block (0..15, element order: sub-block 2p is the low nibbles of
+/// `qs[32p..32p + 32]`, 2p + 1 the high ones) and its d, dmin and packed scales.
+pub fn q4_k_codes(blk: &[u8]) -> ([u8; QK], f32, f32, &[u8]) {
+    let qs = &blk[16..Q4K_BYTES];
+    let q = std::array::from_fn(|e| {
+        let (sub, i) = (e / 32, e % 32);
+        let byte = qs[32 * (sub / 2) + i];
+        if sub % 2 == 0 {
+            byte & 0x0F
+        } else {
+            byte >> 4
+        }
+    });
+    (q, f16_at(&blk[0..2]), f16_at(&blk[2..4]), &blk[4..16])
+}
+
 pub fn dequantize_q4_k(b: &[u8], out: &mut [f32]) {
     for (blk, o) in b.chunks_exact(Q4K_BYTES).zip(out.chunks_exact_mut(QK)) {
-        let (d, dmin, sc, qs) = (f16_at(&blk[0..2]), f16_at(&blk[2..4]), &blk[4..16], &blk[16..]);
-        for j in 0..4 {
-            let (s1, m1) = scale_min_k4(2 * j, sc);
-            let (s2, m2) = scale_min_k4(2 * j + 1, sc);
-            let q = &qs[32 * j..32 * (j + 1)];
-            for i in 0..32 {
-                o[64 * j + i] = d * s1 as f32 * (q[i] & 0xF) as f32 - dmin * m1 as f32;
-                o[64 * j + 32 + i] = d * s2 as f32 * (q[i] >> 4) as f32 - dmin * m2 as f32;
+        let (q, d, dmin, sc) = q4_k_codes(blk);
+        for (j, o) in o.chunks_exact_mut(32).enumerate() {
+            let (s, m) = scale_min_k4(j, sc);
+            for (v, &c) in o.iter_mut().zip(&q[32 * j..32 * (j + 1)]) {
+                *v = d * s as f32 * c as f32 - dmin * m as f32;
             }
         }
     }
@@ -199,16 +212,13 @@ pub fn dequantize_q4_k(b: &[u8], out: &mut [f32]) {
 pub fn q4_k_as_q4_1(b: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(b.len() / Q4K_BYTES * 8 * 20);
     for blk in b.chunks_exact(Q4K_BYTES) {
-        let (d, dmin, sc, qs) = (f16_at(&blk[0..2]), f16_at(&blk[2..4]), &blk[4..16], &blk[16..]);
-        for sub in 0..8 {
+        let (q, d, dmin, sc) = q4_k_codes(blk);
+        for (sub, code) in q.chunks_exact(32).enumerate() {
             let (ls, lm) = scale_min_k4(sub, sc);
             out.extend_from_slice(&f16_le(d * ls as f32));
             out.extend_from_slice(&f16_le(-dmin * lm as f32));
-            // Sub-block 2p's codes are the low nibbles of qs[32p..32p + 32], 2p + 1's the high.
-            let q = &qs[32 * (sub / 2)..32 * (sub / 2 + 1)];
-            let code = |i: usize| if sub % 2 == 0 { q[i] & 0x0F } else { q[i] >> 4 };
             // Q4_1 byte j: element j in the low nibble, element j + 16 in the high one.
-            out.extend((0..16).map(|j| code(j) | (code(j + 16) << 4)));
+            out.extend((0..16).map(|j| code[j] | (code[j + 16] << 4)));
         }
     }
     out
