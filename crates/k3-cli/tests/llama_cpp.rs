@@ -211,9 +211,13 @@ fn k_quant_file_from_llama_cpp_quantizer() {
 /// against llama.cpp's. Both engines quantize activations per row to int8, so the last float
 /// bits of a hidden state decide some roundings: two correct engines then differ by a few tenths
 /// of a logit on this model (as much as either differs from f32 activations; docs/engine.md), and
-/// SmolLM2 has near-ties (top-2 margins of 0.03) in most 32-token code continuations. So:
+/// SmolLM2 has near-ties (top-2 margins of 0.03) in most 32-token code continuations. Measured
+/// on these prompts against our f32-activation engine (`--exact`), the error of the top-2 margin
+/// is rms 0.20 / 0.18, 99th percentile 0.84 / 0.59, largest 1.06 / 0.76 (ours / llama.cpp, AVX2
+/// host), so a step with a margin of 0.5 may flip in either engine. So:
 /// - teacher-forced on llama.cpp's greedy sequence, our argmax equals its token at every step
-///   where its top-2 margin is ≥ 0.5 logits;
+///   where its top-2 margin is ≥ 1.5 logits, and at all but 2% of the steps where it is ≥ 0.5
+///   (one of 164 flipped on the AVX2 host, at a margin of 0.51; a wrong kernel flips dozens);
 /// - free-running, at least one code prompt gives the identical 32-token greedy continuation,
 ///   and the matching length of every prompt is printed.
 #[test]
@@ -231,7 +235,7 @@ fn teacher_greedy_matches_llama_cpp() {
     let d = scratch("greedy");
     let (model, _) = k3_infer::Model::load(&gguf).expect("load");
     let mut engine = k3_infer::Engine::new(model);
-    let mut full = 0;
+    let (mut full, mut firm, mut flipped) = (0, 0, Vec::new());
     for (pi, text) in prompts.iter().enumerate() {
         let prompt = tok.encode(text).expect("encode");
         let out = d.join(format!("g{pi}.json"));
@@ -261,17 +265,24 @@ fn teacher_greedy_matches_llama_cpp() {
         for (step, (&t, &m)) in theirs.iter().zip(&margins).enumerate() {
             let ours_top = logits.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|(i, _)| i as u32);
             if m >= 0.5 {
-                assert_eq!(
-                    ours_top,
-                    Some(t),
-                    "prompt {pi} step {step}: llama.cpp's margin {m:.2} yet a different argmax"
-                );
+                firm += 1;
+                if ours_top != Some(t) {
+                    eprintln!("prompt {pi} step {step}: llama.cpp's margin {m:.2}, our argmax {ours_top:?}, its {t}");
+                    assert!(m < 1.5, "prompt {pi} step {step}: llama.cpp's margin {m:.2} yet a different argmax");
+                    flipped.push(m);
+                }
             }
             logits = engine.feed(seq, &[t], k3_infer::Logits::Last).expect("step");
         }
         engine.remove_sequence(seq);
     }
     eprintln!("{full}/{} prompts with the identical 32-token greedy continuation", prompts.len());
+    eprintln!("{} of {firm} teacher-forced steps with llama.cpp's margin >= 0.5 flipped: {flipped:.2?}", flipped.len());
+    assert!(
+        flipped.len() * 50 <= firm,
+        "{} of {firm} steps with llama.cpp's margin >= 0.5 have a different argmax (margins {flipped:.2?})",
+        flipped.len()
+    );
     assert!(full >= 1, "no prompt gave llama.cpp's 32-token greedy continuation");
 }
 
