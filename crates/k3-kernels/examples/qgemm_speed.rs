@@ -3,20 +3,27 @@ use k3_kernels::quant::GgmlType;
 use std::time::Instant;
 fn main() {
     let mut rng = k3_kernels::testing::Rng::new(1);
-    // ROWS COLS (default 2816 1024, 1.6 MB of Q4_0: streams from L3/memory); 256 1024 stays in L2
-    // and shows the kernel's own speed.
+    // ROWS COLS [TYPE [ISA [REPEAT]]] (default 2816 1024, 1.6 MB of Q4_0: streams from L3/memory);
+    // 256 1024 stays in L2 and shows the kernel's own speed. TYPE (e.g. q4_0) and ISA (e.g. avx2)
+    // keep only that type / path, REPEAT scales the loop counts (for a profiler).
     let arg = |i: usize, d: usize| std::env::args().nth(i).and_then(|s| s.parse().ok()).unwrap_or(d);
     let (rows, cols) = (arg(1, 2816), arg(2, 1024));
+    let only =
+        |i: usize, name: &str| std::env::args().nth(i).is_none_or(|s| s == "all" || s.eq_ignore_ascii_case(name));
+    let repeat = arg(5, 1);
     for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+        if !only(3, ty.name()) {
+            continue;
+        }
         let w = rng.normals(rows * cols, 0.4);
         let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
         let p = Packed::pack(ty, rows, cols, &data).expect("a packable type");
         for t in [1usize, 64] {
             let x = rng.normals(t * cols, 1.0);
             let a = QActs::quantize(&x, t, cols);
-            for isa in Isa::available() {
+            for isa in Isa::available().into_iter().filter(|i| only(4, i.name())) {
                 let mut out = vec![0f32; rows * t];
-                let n = if t == 1 { 200 * 2816 / rows.min(2816) } else { 5 };
+                let n = repeat * if t == 1 { 200 * 2816 / rows.min(2816) } else { 5 };
                 let t0 = Instant::now();
                 for _ in 0..n {
                     gemm_rows(isa, &p, &a, 0, rows, &mut out);
@@ -32,6 +39,9 @@ fn main() {
                 );
             }
         }
+    }
+    if std::env::args().nth(3).is_some() {
+        return;
     }
     // K-quants (not repacked): one 2816 x 1024 product row by row, scalar reference vs dispatch.
     use k3_kernels::quant::k_quants::{vec_dot_q4_k_q8_k, vec_dot_q6_k_q8_k};

@@ -46,6 +46,12 @@ pub fn quantize_row(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32], s16:
         unsafe { x86::quantize_row512(x, qs, d, s, s16, hs) };
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if Isa::best() == Isa::Avx2 {
+        // SAFETY: AVX2 is present (Isa::best checks it).
+        unsafe { x86::quantize_row256(x, qs, d, s, s16, hs) };
+        return;
+    }
     quantize_row_ref(x, qs, d, s, s16, hs)
 }
 

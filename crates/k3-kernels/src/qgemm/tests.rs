@@ -34,6 +34,39 @@ fn the_simd_quantizer_gives_the_reference_bits() {
     }
 }
 
+/// Each SIMD quantizer this CPU has, called directly (the engine takes only the best one), gives
+/// the reference's bits, also on an all-zero block, a tiny value and evenly spaced values.
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn every_simd_quantizer_gives_the_reference_bits() {
+    let mut rng = Rng::new(23);
+    let cols = 320;
+    let nb = cols / BLOCK;
+    let mut x = rng.normals(cols, 2.0);
+    x[..32].fill(0.0);
+    x[40] = 1e-30;
+    x[64..96].copy_from_slice(&std::array::from_fn::<f32, 32, _>(|i| (i as f32 - 15.5) * 0.5)); // evenly spaced
+    type Quantizer = unsafe fn(&[f32], &mut [i8], &mut [f32], &mut [f32], &mut [f32], &mut [f32]);
+    let mut paths: Vec<(&str, Quantizer)> = Vec::new();
+    if Isa::Avx2.supported() {
+        paths.push(("avx2", super::x86::quantize_row256));
+    }
+    if Isa::Avx512.supported() {
+        paths.push(("avx512", super::x86::quantize_row512));
+    }
+    let run = |f: Quantizer| {
+        let (mut qs, mut d, mut s, mut s16, mut hs) =
+            (vec![0i8; cols], vec![0f32; nb], vec![0f32; nb], vec![0f32; nb], vec![0f32; 2 * nb]);
+        unsafe { f(&x, &mut qs, &mut d, &mut s, &mut s16, &mut hs) };
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        (qs, bits(&d), bits(&s), bits(&s16), bits(&hs))
+    };
+    let want = run(quantize_row_ref);
+    for (name, f) in paths {
+        assert_eq!(run(f), want, "{name} quantizer");
+    }
+}
+
 #[test]
 fn the_vectorisable_rounding_is_round_ties_even() {
     let mut rng = Rng::new(3);

@@ -402,3 +402,45 @@ pub unsafe fn quantize_row512(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [
         s16[b] = half::f16::from_f32(db * sum as f32).to_f32();
     }
 }
+
+/// [`quantize_row512`] on 256-bit registers (AVX2 CPUs): the same arithmetic, so the same bits.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[target_feature(enable = "avx2")]
+pub unsafe fn quantize_row256(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32], s16: &mut [f32], hs: &mut [f32]) {
+    let nb = d.len();
+    assert!(x.len() >= nb * BLOCK && qs.len() >= nb * BLOCK && s.len() >= nb && s16.len() >= nb && hs.len() >= 2 * nb);
+    let sign = _mm256_set1_ps(-0.0);
+    // Lane order after the two saturating packs: 32-bit lanes 0, 4, 1, 5, 2, 6, 3, 7.
+    let unpermute = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    let hsum = |v: __m256i| {
+        let h = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+        let h = _mm_add_epi32(h, _mm_shuffle_epi32::<0b01_00_11_10>(h));
+        _mm_cvtsi128_si32(_mm_add_epi32(h, _mm_shuffle_epi32::<0b10_11_00_01>(h)))
+    };
+    for b in 0..nb {
+        let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(x.as_ptr().add(b * BLOCK + 8 * i)));
+        let m = v.map(|v| _mm256_andnot_ps(sign, v));
+        let m = _mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3]));
+        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps::<0b01>(m, m)));
+        let db = amax / 127.0;
+        let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+        let q = v.map(|v| _mm256_cvtps_epi32(_mm256_mul_ps(v, id)));
+        let bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        _mm256_storeu_si256(
+            qs.as_mut_ptr().add(b * BLOCK) as *mut __m256i,
+            _mm256_permutevar8x32_epi32(bytes, unpermute),
+        );
+        let (sum0, sum1) = (hsum(_mm256_add_epi32(q[0], q[1])), hsum(_mm256_add_epi32(q[2], q[3])));
+        let sum = sum0 + sum1;
+        let dh = half::f16::from_f32(db).to_f32();
+        d[b] = dh;
+        s[b] = dh * sum as f32;
+        hs[2 * b] = dh * sum0 as f32;
+        hs[2 * b + 1] = dh * sum1 as f32;
+        s16[b] = half::f16::from_f32(db * sum as f32).to_f32();
+    }
+}
