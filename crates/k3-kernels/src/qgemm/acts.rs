@@ -67,14 +67,29 @@ pub fn quantize_row_ref(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32], 
             *o = round_even_small(v * id) as i8;
             half[i / 16] += *o as i32;
         }
-        let sum = half[0] + half[1];
-        let dh = half::f16::from_f32(db).to_f32();
-        d[b] = dh;
-        s[b] = dh * sum as f32;
-        s16[b] = half::f16::from_f32(db * sum as f32).to_f32();
-        hs[2 * b] = dh * half[0] as f32;
-        hs[2 * b + 1] = dh * half[1] as f32;
+        block_scales(b, db, half, d, s, s16, hs);
     }
+}
+
+/// Block b's scale and sums from its unrounded scale `db` and the code sums of its two halves:
+/// d = f16(db), s = d·Σq, s16 = f16(db·Σq) (Q8_1's), hs = d·Σq per half. Every quantizer's tail.
+#[inline(always)]
+pub(super) fn block_scales(
+    b: usize,
+    db: f32,
+    half: [i32; 2],
+    d: &mut [f32],
+    s: &mut [f32],
+    s16: &mut [f32],
+    hs: &mut [f32],
+) {
+    let sum = half[0] + half[1];
+    let dh = half::f16::from_f32(db).to_f32();
+    d[b] = dh;
+    s[b] = dh * sum as f32;
+    s16[b] = half::f16::from_f32(db * sum as f32).to_f32();
+    hs[2 * b] = dh * half[0] as f32;
+    hs[2 * b + 1] = dh * half[1] as f32;
 }
 
 impl QActs {

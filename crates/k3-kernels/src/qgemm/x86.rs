@@ -4,6 +4,7 @@
 
 use std::arch::x86_64::*;
 
+use super::acts::block_scales;
 use super::{offset_term, tiles, Kind, OutMat, Packed, QActs, BLOCK};
 
 /// Per-row f32 scales and offsets of a row tile.
@@ -392,14 +393,8 @@ pub unsafe fn quantize_row512(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [
         let q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, id));
         _mm_storeu_si128(qs.as_mut_ptr().add(b * BLOCK) as *mut __m128i, _mm512_cvtsepi32_epi8(q0));
         _mm_storeu_si128(qs.as_mut_ptr().add(b * BLOCK + 16) as *mut __m128i, _mm512_cvtsepi32_epi8(q1));
-        let (sum0, sum1) = (_mm512_reduce_add_epi32(q0), _mm512_reduce_add_epi32(q1));
-        let sum = sum0 + sum1;
-        let dh = half::f16::from_f32(db).to_f32();
-        d[b] = dh;
-        s[b] = dh * sum as f32;
-        hs[2 * b] = dh * sum0 as f32;
-        hs[2 * b + 1] = dh * sum1 as f32;
-        s16[b] = half::f16::from_f32(db * sum as f32).to_f32();
+        let half = [_mm512_reduce_add_epi32(q0), _mm512_reduce_add_epi32(q1)];
+        block_scales(b, db, half, d, s, s16, hs);
     }
 }
 
@@ -434,13 +429,7 @@ pub unsafe fn quantize_row256(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [
             qs.as_mut_ptr().add(b * BLOCK) as *mut __m256i,
             _mm256_permutevar8x32_epi32(bytes, unpermute),
         );
-        let (sum0, sum1) = (hsum(_mm256_add_epi32(q[0], q[1])), hsum(_mm256_add_epi32(q[2], q[3])));
-        let sum = sum0 + sum1;
-        let dh = half::f16::from_f32(db).to_f32();
-        d[b] = dh;
-        s[b] = dh * sum as f32;
-        hs[2 * b] = dh * sum0 as f32;
-        hs[2 * b + 1] = dh * sum1 as f32;
-        s16[b] = half::f16::from_f32(db * sum as f32).to_f32();
+        let half = [hsum(_mm256_add_epi32(q[0], q[1])), hsum(_mm256_add_epi32(q[2], q[3]))];
+        block_scales(b, db, half, d, s, s16, hs);
     }
 }
