@@ -5,7 +5,8 @@ fn main() {
     let mut rng = k3_kernels::testing::Rng::new(1);
     // ROWS COLS [TYPE [ISA [REPEAT]]] (default 2816 1024, 1.6 MB of Q4_0: streams from L3/memory);
     // 256 1024 stays in L2 and shows the kernel's own speed. TYPE (e.g. q4_0) and ISA (e.g. avx2)
-    // keep only that type / path, REPEAT scales the loop counts (for a profiler).
+    // keep only that type / path and skip the K-quant row-dot comparison at the end, REPEAT scales
+    // the loop counts (for a profiler).
     let arg = |i: usize, d: usize| std::env::args().nth(i).and_then(|s| s.parse().ok()).unwrap_or(d);
     let (rows, cols) = (arg(1, 2816), arg(2, 1024));
     let only =

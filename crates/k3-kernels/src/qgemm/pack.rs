@@ -74,7 +74,16 @@ impl Packed {
             let part = Self::pack(ty, rows_here, cols, bytes)?;
             done(bytes);
             match &mut whole {
-                None => whole = Some(part),
+                None => {
+                    // Room for the other bands at once (none is larger than the first), so the
+                    // arrays are not regrown, and copied, band after band.
+                    let more = rows.div_ceil(band) - 1;
+                    let mut w = part;
+                    w.qs.reserve_exact(more * w.qs.len());
+                    w.d.reserve_exact(more * w.d.len());
+                    w.m.reserve_exact(more * w.m.len());
+                    whole = Some(w);
+                }
                 Some(w) => {
                     debug_assert!(w.rows.is_multiple_of(w.row_align()) && (w.kind, w.nbp) == (part.kind, part.nbp));
                     w.rows += part.rows;
