@@ -30,7 +30,16 @@ fn gguf_py_reads_our_k_quants_as_we_do() {
     let x: Vec<f32> = (0..n)
         .map(|i| ((i as f32 * 0.37).sin() + 0.3 * (i as f32 * 0.011).cos()) * (1.0 + (i / 64 % 4) as f32))
         .collect();
-    for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_K, GgmlType::Q5_0, GgmlType::Q5_1] {
+    for ty in [
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+        GgmlType::Q8_K,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+    ] {
         let bytes = ty.quantize_row(&x);
         let (inp, out) = (dir.join(format!("{}.bin", ty.name())), dir.join(format!("{}.f32", ty.name())));
         std::fs::write(&inp, &bytes).expect("write");

@@ -1,6 +1,6 @@
 //! Dot products of a stored weight row with an activation row quantized on the fly to the
 //! weight type's `vec_dot_type`, as ggml's CPU backend does (interop.md §5.1): Q4_0·Q8_0,
-//! Q4_1·Q8_1, Q5_0·Q8_0, Q5_1·Q8_1, Q8_0·Q8_0, F16·F16, BF16·BF16. These scalar forms follow ggml's `*_generic`
+//! Q4_1·Q8_1, Q5_0·Q8_0, Q5_1·Q8_1, Q8_0·Q8_0, the K-quants·Q8_K, F16·F16, BF16·BF16. These scalar forms follow ggml's `*_generic`
 //! references (integer sums per block, one float multiply-add per block); SIMD versions are
 //! tested against them.
 
@@ -13,7 +13,7 @@ impl GgmlType {
         match self {
             GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => GgmlType::Q8_0,
             GgmlType::Q4_1 | GgmlType::Q5_1 => GgmlType::Q8_1,
-            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => GgmlType::Q8_K,
+            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => GgmlType::Q8_K,
             other => other,
         }
     }
@@ -37,6 +37,8 @@ impl GgmlType {
             GgmlType::Q5_0 => super::q5_0::vec_dot_q8_0(w, x),
             GgmlType::Q5_1 => super::q5_1::vec_dot_q8_1(w, x),
             GgmlType::Q8_0 => vec_dot_q8_0_q8_0(w, x),
+            GgmlType::Q2_K => super::k_quants_low::vec_dot_q2_k_q8_k(w, x),
+            GgmlType::Q3_K => super::k_quants_low::vec_dot_q3_k_q8_k(w, x),
             GgmlType::Q4_K => super::k_quants_simd::vec_dot_q4_k(w, x),
             GgmlType::Q5_K => super::k_quants::vec_dot_q5_k_q8_k(w, x),
             GgmlType::Q6_K => super::k_quants_simd::vec_dot_q6_k(w, x),

@@ -15,7 +15,7 @@ pub const Q6K_BYTES: usize = 210;
 pub const Q8K_BYTES: usize = 292;
 
 /// ggml's `nearest_int`: round half to even.
-fn nearest(x: f32) -> i32 {
+pub(super) fn nearest(x: f32) -> i32 {
     x.round_ties_even() as i32
 }
 
@@ -45,9 +45,18 @@ pub fn pack_scale_min_k4(pairs: &[(u8, u8)]) -> [u8; 12] {
 }
 
 /// ggml `make_qkx2_quants`: codes in [0, nmax] with a scale and a (non-positive) min chosen by a
-/// weighted least-squares search; returns (scale, −min).
+/// weighted least-squares search, each candidate judged by its weighted squared error or, with
+/// `mad` (Q2_K), its weighted absolute error; returns (scale, −min).
 #[allow(clippy::too_many_arguments)]
-fn make_qkx2(x: &[f32], w: &[f32], nmax: i32, l: &mut [u8], rmin: f32, rdelta: f32, nstep: i32) -> (f32, f32) {
+pub(super) fn make_qkx2(
+    x: &[f32],
+    w: &[f32],
+    nmax: i32,
+    l: &mut [u8],
+    (rmin, rdelta, nstep): (f32, f32, i32),
+    mad: bool,
+) -> (f32, f32) {
+    let cost = |diff: f32| if mad { diff.abs() } else { diff * diff };
     let n = x.len();
     let (mut min, mut max) = (x[0], x[0]);
     let (mut sum_w, mut sum_x) = (w[0], w[0] * x[0]);
@@ -69,8 +78,7 @@ fn make_qkx2(x: &[f32], w: &[f32], nmax: i32, l: &mut [u8], rmin: f32, rdelta: f
     let mut best = 0f32;
     for i in 0..n {
         l[i] = nearest(iscale * (x[i] - min)).clamp(0, nmax) as u8;
-        let diff = scale * l[i] as f32 + min - x[i];
-        best += w[i] * diff * diff;
+        best += w[i] * cost(scale * l[i] as f32 + min - x[i]);
     }
     let mut aux = vec![0u8; n];
     for is in 0..=nstep {
@@ -92,12 +100,7 @@ fn make_qkx2(x: &[f32], w: &[f32], nmax: i32, l: &mut [u8], rmin: f32, rdelta: f
                 this_min = 0.0;
                 this_scale = sum_xl / sum_l2;
             }
-            let err: f32 = (0..n)
-                .map(|i| {
-                    let diff = this_scale * aux[i] as f32 + this_min - x[i];
-                    w[i] * diff * diff
-                })
-                .sum();
+            let err: f32 = (0..n).map(|i| w[i] * cost(this_scale * aux[i] as f32 + this_min - x[i])).sum();
             if err < best {
                 l.copy_from_slice(&aux);
                 best = err;
@@ -152,7 +155,7 @@ fn k4_search(blk: &[f32], nmax: i32, rmin: f32, nstep: i32, l: &mut [u8; QK]) ->
         let xs = &blk[32 * j..32 * (j + 1)];
         let av = (xs.iter().map(|v| v * v).sum::<f32>() / 32.0).sqrt();
         let w: Vec<f32> = xs.iter().map(|v| av + v.abs()).collect();
-        (scales[j], mins[j]) = make_qkx2(xs, &w, nmax, &mut l[32 * j..32 * (j + 1)], rmin, 0.1, nstep);
+        (scales[j], mins[j]) = make_qkx2(xs, &w, nmax, &mut l[32 * j..32 * (j + 1)], (rmin, 0.1, nstep), false);
     }
     (scales, mins)
 }

@@ -6,6 +6,7 @@
 pub mod dot;
 pub mod float;
 pub mod k_quants;
+pub mod k_quants_low;
 pub mod k_quants_simd;
 pub mod q4_0;
 pub mod q4_1;
@@ -39,6 +40,8 @@ pub enum GgmlType {
     Q5_1,
     Q8_0,
     Q8_1,
+    Q2_K,
+    Q3_K,
     Q4_K,
     Q5_K,
     Q6_K,
@@ -56,6 +59,8 @@ impl GgmlType {
             GgmlType::Q5_1 => 7,
             GgmlType::Q8_0 => 8,
             GgmlType::Q8_1 => 9,
+            GgmlType::Q2_K => 10,
+            GgmlType::Q3_K => 11,
             GgmlType::Q4_K => 12,
             GgmlType::Q5_K => 13,
             GgmlType::Q6_K => 14,
@@ -74,6 +79,8 @@ impl GgmlType {
             7 => GgmlType::Q5_1,
             8 => GgmlType::Q8_0,
             9 => GgmlType::Q8_1,
+            10 => GgmlType::Q2_K,
+            11 => GgmlType::Q3_K,
             12 => GgmlType::Q4_K,
             13 => GgmlType::Q5_K,
             14 => GgmlType::Q6_K,
@@ -120,7 +127,9 @@ impl GgmlType {
     pub fn block_elems(self) -> usize {
         match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
-            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_K => k_quants::QK,
+            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_K => {
+                k_quants::QK
+            }
             _ => 32,
         }
     }
@@ -136,6 +145,8 @@ impl GgmlType {
             GgmlType::Q5_1 => q5_1::BYTES,
             GgmlType::Q8_0 => 34,
             GgmlType::Q8_1 => 36,
+            GgmlType::Q2_K => k_quants_low::Q2K_BYTES,
+            GgmlType::Q3_K => k_quants_low::Q3K_BYTES,
             GgmlType::Q4_K => k_quants::Q4K_BYTES,
             GgmlType::Q5_K => k_quants::Q5K_BYTES,
             GgmlType::Q6_K => k_quants::Q6K_BYTES,
@@ -164,6 +175,8 @@ impl GgmlType {
             GgmlType::Q5_1 => q5_1::quantize_ref(x),
             GgmlType::Q8_0 => q8_0::quantize_ref(x),
             GgmlType::Q8_1 => q8_0::quantize_q8_1_ref(x),
+            GgmlType::Q2_K => k_quants_low::quantize_q2_k(x),
+            GgmlType::Q3_K => k_quants_low::quantize_q3_k(x),
             GgmlType::Q4_K => k_quants::quantize_q4_k(x),
             GgmlType::Q5_K => k_quants::quantize_q5_k(x),
             GgmlType::Q6_K => k_quants::quantize_q6_k(x),
@@ -186,6 +199,8 @@ impl GgmlType {
             GgmlType::Q5_0 => q5_0::dequantize_ref(bytes, out),
             GgmlType::Q5_1 => q5_1::dequantize_ref(bytes, out),
             GgmlType::Q8_0 | GgmlType::Q8_1 => q8_0::dequantize_ref(self, bytes, out),
+            GgmlType::Q2_K => k_quants_low::dequantize_q2_k(bytes, out),
+            GgmlType::Q3_K => k_quants_low::dequantize_q3_k(bytes, out),
             GgmlType::Q4_K => k_quants::dequantize_q4_k(bytes, out),
             GgmlType::Q5_K => k_quants::dequantize_q5_k(bytes, out),
             GgmlType::Q6_K => k_quants::dequantize_q6_k(bytes, out),
@@ -232,6 +247,9 @@ mod tests {
             (GgmlType::Q8_1, 0.002, 0.02),
             (GgmlType::F16, 0.0001, 0.0001),
             (GgmlType::BF16, 0.0001, 0.001),
+            // ggml's own budgets for 2 and 3 bits (MAX_QUANTIZATION_TOTAL_ERROR_2BITS / _3BITS).
+            (GgmlType::Q2_K, 0.0075, 0.02),
+            (GgmlType::Q3_K, 0.0040, 0.02),
             (GgmlType::Q4_K, 0.002, 0.02),
             (GgmlType::Q6_K, 0.002, 0.02),
             (GgmlType::Q8_K, 0.002, 0.02),
