@@ -162,16 +162,19 @@ fn q8_0_bytes_match_ggml() {
     assert!(quantized > 10, "only {quantized} Q8_0 tensors compared");
 }
 
-/// A Q4_K_M file written by llama.cpp's own quantizer (from our f16 export of the random `small`
-/// preset, d 512, so its matrices take Q4_K and Q6_K, and its 128-wide ones Q5_0), through both
-/// engines and through ours with f32 activations (`--exact`: the file's weights times unrounded
-/// activations; the Q4_K / Q6_K sub-block scales as our tiles hold them, rounded to f16, at most
-/// 2⁻¹¹ off ggml's). The K-quant paths are not bit-comparable with llama.cpp's: it rounds the
-/// activations of Q4_K / Q6_K products per 256 (Q8_K), our tiles per 32. So the check is that our
-/// logits are no farther from the exact ones than llama.cpp's (mean over positions of the max
-/// |Δ|, 10% slack); the engines' own difference is printed.
+/// Files written by llama.cpp's own quantizer (from our f16 export of the random `small` preset,
+/// d 512): Q4_K_M (its matrices take Q4_K and Q6_K, its 128-wide ones Q5_0), Q3_K_M (Q3_K, with
+/// Q4_K / Q5_K / Q6_K for some) and Q2_K (Q2_K and Q3_K, with Q4_K / Q6_K for some), through
+/// both engines and through ours with f32 activations (`--exact`: the file's weights times
+/// unrounded activations; the Q6_K / Q3_K sub-block scales as our tiles hold them, rounded to
+/// f16, at most 2⁻¹¹ off ggml's). The K-quant paths are not bit-comparable with llama.cpp's: it
+/// rounds the activations of K-quant products per 256 (Q8_K), our tiles per 32. So the check is
+/// that our logits are no farther from the exact ones than llama.cpp's (mean over positions of
+/// the max |Δ|, 10% slack); the engines' own difference is printed. And every Q2_K and Q3_K
+/// tensor's bytes are what our quantizer writes from the same f16 weights (without an importance
+/// matrix ggml quantizes them with its reference quantizers, as ours do).
 #[test]
-fn k_quant_file_from_llama_cpp_quantizer() {
+fn k_quant_files_from_llama_cpp_quantizer() {
     if !cfg!(feature = "train") {
         // `k3mini init` draws the weights with libtorch; scripts/test runs this in its train tier.
         eprintln!("skipped: needs k3mini built with the train feature (k3mini init)");
@@ -182,29 +185,46 @@ fn k_quant_file_from_llama_cpp_quantizer() {
     run(k3mini().args(["init", "--preset", "small", "--vocab", "4096", "--seed", "3", "--out"]).arg(d.join("m")));
     let f16 = d.join("m-f16.gguf");
     run(k3mini().args(["quantize", "--model"]).arg(d.join("m")).args(["--type", "f16", "--out"]).arg(&f16));
-    let kq = d.join("m-q4_k_m.gguf");
-    let quantizer = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/bench/llama_quantize.py");
-    run(Command::new(&py).arg(quantizer).arg(&f16).arg(&kq).arg("Q4_K_M"));
-    let types: std::collections::BTreeSet<u32> =
-        GgufFile::open(&kq).expect("open").tensors.iter().map(|t| t.type_id).collect();
-    assert!(types.contains(&12) && types.contains(&14), "the file should hold Q4_K (12) and Q6_K (14): {types:?}");
+    let source = GgufFile::open(&f16).expect("open the f16 export");
     let ids: Vec<u32> = (0..48u32).map(|j| (j * 797 + 13) % 4096).collect();
     let ids = ids_arg(&ids);
-    let ours = ours_logits(&kq, &ids, &d.join("ours.safetensors"));
-    let ex = d.join("exact.safetensors");
-    run(k3mini().args(["logits", "--exact", "--model"]).arg(&kq).args(["--ids", &ids, "--out"]).arg(&ex));
-    let exact = read(&ex, "logits").1;
-    let lp = d.join("llama.safetensors");
-    llama(&py, &["logits", kq.to_str().expect("utf8"), &ids, lp.to_str().expect("utf8")]);
-    let theirs = read(&lp, "logits").1;
-    let n = ids.split(',').count();
-    let v = theirs.len() / n;
-    let mean_max = |a: &[f32], b: &[f32]| {
-        (0..n).map(|r| max_abs(&a[r * v..(r + 1) * v], &b[r * v..(r + 1) * v]) as f64).sum::<f64>() / n as f64
-    };
-    let (o, t, ot) = (mean_max(&ours, &exact), mean_max(&theirs, &exact), mean_max(&ours, &theirs));
-    eprintln!("Q4_K_M, mean over {n} positions of max |Δ logit|: ours-exact {o:.4}, llama.cpp-exact {t:.4}, ours-llama.cpp {ot:.4}");
-    assert!(o <= 1.1 * t, "ours is farther from the exact logits ({o}) than llama.cpp ({t})");
+    // (llama.cpp file type, ggml type ids the file must hold)
+    for (ftype, must) in [("Q4_K_M", &[12u32, 14][..]), ("Q3_K_M", &[11, 12]), ("Q2_K", &[10, 11])] {
+        let kq = d.join(format!("m-{ftype}.gguf"));
+        let quantizer = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/bench/llama_quantize.py");
+        run(Command::new(&py).arg(quantizer).arg(&f16).arg(&kq).arg(ftype));
+        let file = GgufFile::open(&kq).expect("open");
+        let types: std::collections::BTreeSet<u32> = file.tensors.iter().map(|t| t.type_id).collect();
+        assert!(must.iter().all(|t| types.contains(t)), "{ftype}: the file should hold types {must:?}: {types:?}");
+        let mut compared = 0;
+        for t in file.tensors.iter().filter(|t| t.type_id == 10 || t.type_id == 11) {
+            let (ty, _, theirs) = file.tensor_data(&t.name).expect("read");
+            let (src_ty, _, src) = source.tensor_data(&t.name).expect("the f16 source has it");
+            let mut w = vec![0f32; src.len() / src_ty.block_bytes() * src_ty.block_elems()];
+            src_ty.dequantize_row(src, &mut w);
+            assert!(ty.quantize_row(&w) == theirs, "{ftype} {}: our {} bytes differ from ggml's", t.name, ty.name());
+            compared += 1;
+        }
+        assert!(must[0] == 12 || compared > 4, "{ftype}: only {compared} Q2_K / Q3_K tensors compared");
+        let ours = ours_logits(&kq, &ids, &d.join("ours.safetensors"));
+        let ex = d.join("exact.safetensors");
+        run(k3mini().args(["logits", "--exact", "--model"]).arg(&kq).args(["--ids", &ids, "--out"]).arg(&ex));
+        let exact = read(&ex, "logits").1;
+        let lp = d.join("llama.safetensors");
+        llama(&py, &["logits", kq.to_str().expect("utf8"), &ids, lp.to_str().expect("utf8")]);
+        let theirs = read(&lp, "logits").1;
+        let n = ids.split(',').count();
+        let v = theirs.len() / n;
+        let mean_max = |a: &[f32], b: &[f32]| {
+            (0..n).map(|r| max_abs(&a[r * v..(r + 1) * v], &b[r * v..(r + 1) * v]) as f64).sum::<f64>() / n as f64
+        };
+        let (o, t, ot) = (mean_max(&ours, &exact), mean_max(&theirs, &exact), mean_max(&ours, &theirs));
+        eprintln!(
+            "{ftype} ({compared} Q2_K / Q3_K tensors byte-identical), mean over {n} positions of max |Δ logit|: \
+             ours-exact {o:.4}, llama.cpp-exact {t:.4}, ours-llama.cpp {ot:.4}"
+        );
+        assert!(o <= 1.1 * t, "{ftype}: ours is farther from the exact logits ({o}) than llama.cpp ({t})");
+    }
 }
 
 /// The SmolLM2 teacher (a Q4_1 GGUF no one here made): greedy continuations of code prompts

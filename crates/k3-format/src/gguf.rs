@@ -551,10 +551,10 @@ mod tests {
         w2.tensor("q.weight", &[1, 32], GgmlType::F32, vec![0; 128]).expect("t");
         let mut b2 = w2.to_bytes();
         let pos = b2.windows(8).position(|w| w == b"q.weight").expect("name") + 8 + 4 + 16;
-        b2[pos..pos + 4].copy_from_slice(&10u32.to_le_bytes()); // Q2_K
+        b2[pos..pos + 4].copy_from_slice(&16u32.to_le_bytes()); // IQ2_XXS
         std::fs::write(&p, &b2).expect("w");
         let f = GgufFile::open(&p).expect("opens");
         let e = f.tensor_data("q.weight").expect_err("type").to_string();
-        assert!(e.contains("q.weight") && e.contains("Q2_K"), "{e}");
+        assert!(e.contains("q.weight") && e.contains("IQ"), "{e}");
     }
 }

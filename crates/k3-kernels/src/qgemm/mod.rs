@@ -157,6 +157,15 @@ pub enum Kind {
     /// ([`Kind::m_per_row`]); value `u·(d·sc) − dmin·mn`, Q4_1's arithmetic with the scale and min
     /// formed in f32. Only in [`Layout::Rows16`] (in row pairs Q4_K enters as Q4_1 blocks).
     Q4K,
+    /// Q3_K's 3-bit codes (0..7, the low bits and the hmask bit) at a nibble each, with Q6_K's
+    /// arithmetic: a scale per 16 codes (`d` first half, `m` second half, f16 of d·(sc − 32)),
+    /// value `(u − 4)·scale`. Only in [`Layout::Rows16`].
+    Q3K,
+    /// Q2_K's 2-bit codes (0..3) at a nibble each, with a 4-bit scale and min per 16 codes: `d`
+    /// holds each block's two sub-block bytes (`sc | mn << 4`, first half in the low byte), `m`
+    /// each super-block's f16 `d` and `dmin` as [`Kind::Q4K`]'s; value `u·(d·sc) − dmin·mn`.
+    /// Only in [`Layout::Rows16`].
+    Q2K,
 }
 
 impl Kind {
@@ -168,7 +177,7 @@ impl Kind {
     /// Bits of each code beyond its low nibble, stored as bit planes in the 16-row layout.
     pub(crate) fn planes(self) -> usize {
         match self {
-            Kind::Q4_0 | Kind::Q4_1 | Kind::Q8_0 | Kind::Q4K => 0,
+            Kind::Q4_0 | Kind::Q4_1 | Kind::Q8_0 | Kind::Q4K | Kind::Q3K | Kind::Q2K => 0,
             Kind::Q5_0 | Kind::Q5K | Kind::Q5_1 => 1,
             Kind::Q6K => 2,
         }
@@ -177,12 +186,24 @@ impl Kind {
     /// Whether `m` holds a second array (Q4_1's and Q5's mins, Q6_K's second-half scales,
     /// Q4_K's super-block scales).
     pub(crate) fn has_m(self) -> bool {
-        matches!(self, Kind::Q4_1 | Kind::Q6K | Kind::Q5K | Kind::Q5_1 | Kind::Q4K)
+        matches!(self, Kind::Q4_1 | Kind::Q6K | Kind::Q5K | Kind::Q5_1 | Kind::Q4K | Kind::Q3K | Kind::Q2K)
+    }
+
+    /// Whether `m` holds per-super-block scales (Q4_K's and Q2_K's `d` and `dmin`) instead of an
+    /// entry per block.
+    pub(crate) fn super_scales(self) -> bool {
+        matches!(self, Kind::Q4K | Kind::Q2K)
+    }
+
+    /// Whether the scales change every 16 codes (Q6_K, Q3_K, Q2_K): offsets pair with the
+    /// activations' half sums.
+    pub(crate) fn per_half(self) -> bool {
+        matches!(self, Kind::Q6K | Kind::Q3K | Kind::Q2K)
     }
 
     /// Entries of `m` per row: one a block, or for Q4_K two (`d`, `dmin`) a super-block of 8.
     pub(crate) fn m_per_row(self, nbp: usize) -> usize {
-        if self == Kind::Q4K {
+        if self.super_scales() {
             nbp / 4
         } else {
             nbp
@@ -191,7 +212,7 @@ impl Kind {
 
     /// The kinds that exist only in [`Layout::Rows16`].
     pub(crate) fn rows16_only(self) -> bool {
-        self.planes() > 0 || self == Kind::Q4K
+        self.planes() > 0 || matches!(self, Kind::Q4K | Kind::Q3K | Kind::Q2K)
     }
 }
 
@@ -309,11 +330,11 @@ impl Packed {
             self.row_codes(r, c);
             for b in 0..self.nbp {
                 d[b] = self.d[self.scale_at(r, b)];
-                if self.kind.has_m() && self.kind != Kind::Q4K {
+                if self.kind.has_m() && !self.kind.super_scales() {
                     m[b] = self.m[self.scale_at(r, b)];
                 }
             }
-            if self.kind == Kind::Q4K {
+            if self.kind.super_scales() {
                 for (e, v) in m[..self.nbp / 4].iter_mut().enumerate() {
                     *v = self.m[rows16::k4_at(self.nbp, r, e / 2, e % 2)];
                 }
@@ -365,7 +386,7 @@ impl Packed {
                 Kind::Q5_0 => -16.0 * d,
                 Kind::Q8_0 => -128.0 * d,
                 Kind::Q4_1 | Kind::Q5K | Kind::Q5_1 => half::f16::from_bits(self.m[i]).to_f32(),
-                Kind::Q6K => unreachable!("Q6_K's scales change every 16 codes: half_scales"),
+                Kind::Q6K | Kind::Q3K | Kind::Q2K => unreachable!("scales that change every 16 codes: half_scales"),
                 Kind::Q4K => unreachable!("Q4_K's scales are formed above"),
             };
         }
@@ -374,7 +395,21 @@ impl Packed {
     /// [`Packed::row_scales`] per half block (`2·nbp` each): the same scale and offset twice for
     /// the kinds with one scale a block, Q6_K's two.
     pub(crate) fn half_scales(&self, r: usize, dw: &mut [f32], mu: &mut [f32]) {
-        if self.kind != Kind::Q6K {
+        if self.kind == Kind::Q2K {
+            let f = |bits: u16| half::f16::from_bits(bits).to_f32();
+            for b in 0..self.nbp {
+                let pair = self.d[self.scale_at(r, b)];
+                let (sd, smin) =
+                    (f(self.m[rows16::k4_at(self.nbp, r, b / 8, 0)]), f(self.m[rows16::k4_at(self.nbp, r, b / 8, 1)]));
+                for h in 0..2 {
+                    let byte = (pair >> (8 * h)) & 0xFF;
+                    dw[2 * b + h] = sd * (byte & 0xF) as f32;
+                    mu[2 * b + h] = -smin * (byte >> 4) as f32;
+                }
+            }
+            return;
+        }
+        if !self.kind.per_half() {
             let n = self.nbp;
             let (mut d1, mut m1) = (vec![0f32; n], vec![0f32; n]);
             self.row_scales(r, &mut d1, &mut m1);
@@ -388,7 +423,7 @@ impl Packed {
             let i = self.scale_at(r, b);
             for (h, bits) in [self.d[i], self.m[i]].into_iter().enumerate() {
                 dw[2 * b + h] = half::f16::from_bits(bits).to_f32();
-                mu[2 * b + h] = -32.0 * dw[2 * b + h];
+                mu[2 * b + h] = if self.kind == Kind::Q3K { -4.0 } else { -32.0 } * dw[2 * b + h];
             }
         }
     }

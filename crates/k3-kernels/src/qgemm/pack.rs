@@ -3,6 +3,7 @@
 
 use super::{rows16, rows16_simd, Kind, Layout, Packed, BLOCK};
 use crate::quant::k_quants::{q4_k_codes, q5_k_blocks, q6_k_halves, scale_min_k4, Q4K_BYTES, Q5K_BYTES, Q6K_BYTES, QK};
+use crate::quant::k_quants_low::{q2_k_codes, q3_k_halves, Q2K_BYTES, Q3K_BYTES};
 use crate::quant::GgmlType;
 
 /// One K-quant super-block as the 16-row tiles take it: 256 codes as stored, its eight 32-code
@@ -30,13 +31,32 @@ fn q6_k_super_block(blk: &[u8]) -> Option<SuperBlock> {
     Some((q.map(|q| (q as i32 + 32) as u8), std::array::from_fn(|j| sc[2 * j]), std::array::from_fn(|j| sc[2 * j + 1])))
 }
 
+/// A Q3_K super-block for [`Kind::Q3K`]: codes 0..7 (value `(u − 4)·scale`), each block's
+/// first-half scale in `d` and second-half one in `m` (f16 of d·(sc − 32)).
+fn q3_k_super_block(blk: &[u8]) -> Option<SuperBlock> {
+    let (q, sc) = q3_k_halves(blk)?;
+    Some((q, std::array::from_fn(|j| sc[2 * j]), std::array::from_fn(|j| sc[2 * j + 1])))
+}
+
+/// A Q2_K super-block for [`Kind::Q2K`]: codes 0..3, each block's two scale-and-min bytes as a
+/// pair in `d` (first half low), the super-block's f16 `d` and `dmin` in `m[0]`, `m[1]`.
+fn q2_k_super_block(blk: &[u8]) -> Option<SuperBlock> {
+    let (q, _, _, sc) = q2_k_codes(blk);
+    let mut m = [0u16; 8];
+    m[0] = u16::from_le_bytes([blk[80], blk[81]]);
+    m[1] = u16::from_le_bytes([blk[82], blk[83]]);
+    Some((q, std::array::from_fn(|j| u16::from_le_bytes([sc[2 * j], sc[2 * j + 1]])), m))
+}
+
 impl Packed {
     /// Repack ggml rows of `ty` (`rows × ty.row_bytes(cols)` bytes) in the layout this CPU's
     /// kernels read. `None` for types the integer kernels do not take. Q4_K rows enter the
     /// 16-row layout as [`Kind::Q4K`] (its 6-bit scales kept, 4.625 bits a weight); Q5_0, Q5_1,
     /// Q5_K and Q6_K rows as nibbles plus one or two high-bit planes ([`Kind::Q5_0`],
     /// [`Kind::Q5_1`], [`Kind::Q5K`], [`Kind::Q6K`]; 6 bits a weight for the Q5 types, 7 for
-    /// Q6_K). None of these has a row-pair form: they take the 16-row layout wherever its SIMD
+    /// Q6_K); Q3_K and Q2_K rows as nibbles, [`Kind::Q3K`] with Q6_K's scale per 16 codes (5
+    /// bits a weight), [`Kind::Q2K`] with its 4-bit scale and min pairs (4.625). None of these
+    /// has a row-pair form: they take the 16-row layout wherever its SIMD
     /// kernels run, also on CPUs whose other matrices are in row pairs (AMX hosts,
     /// `K3MINI_LAYOUT=rowpairs`). Elsewhere Q4_K rows enter as the Q4_1 blocks their sub-blocks
     /// are (`k_quants::q4_k_as_q4_1`: scales and mins rounded to f16, 5 bits a weight), Q5_0 rows
@@ -44,7 +64,15 @@ impl Packed {
     /// (`None`).
     pub fn pack(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Option<Packed> {
         let layout = match ty {
-            GgmlType::Q4_K | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5_K | GgmlType::Q6_K if rows16_simd() => {
+            GgmlType::Q2_K
+            | GgmlType::Q3_K
+            | GgmlType::Q4_K
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::Q5_K
+            | GgmlType::Q6_K
+                if rows16_simd() =>
+            {
                 Layout::Rows16
             }
             _ => Layout::best(),
@@ -125,6 +153,12 @@ impl Packed {
             }
             GgmlType::Q5_K => {
                 return Self::pack_super_blocks(Kind::Q5K, (rows, cols, data, layout), Q5K_BYTES, q5_k_blocks)
+            }
+            GgmlType::Q3_K => {
+                return Self::pack_super_blocks(Kind::Q3K, (rows, cols, data, layout), Q3K_BYTES, q3_k_super_block)
+            }
+            GgmlType::Q2_K => {
+                return Self::pack_super_blocks(Kind::Q2K, (rows, cols, data, layout), Q2K_BYTES, q2_k_super_block)
             }
             GgmlType::Q5_1 => return Self::pack_q5(Kind::Q5_1, rows, cols, data, layout),
             _ => {}

@@ -106,11 +106,11 @@ pub(crate) fn store_row(p: &mut Packed, r: usize, codes: &[u8], d: &[u16], m: &[
         }
         let i = scale_at(nbp, r, b);
         p.d[i] = d[b];
-        if p.kind.has_m() && p.kind != Kind::Q4K {
+        if p.kind.has_m() && !p.kind.super_scales() {
             p.m[i] = m[b];
         }
     }
-    if p.kind == Kind::Q4K {
+    if p.kind.super_scales() {
         for (e, &v) in m[..nbp / 4].iter().enumerate() {
             p.m[k4_at(nbp, r, e / 2, e % 2)] = v;
         }
@@ -223,12 +223,15 @@ unsafe fn gemm<const VNNI: bool>(w: &Packed, a: &QActs, lo: usize, hi: usize, ou
                 }
             };
         }
+        // (planes, super-block scales, scales per 16 codes)
         match w.kind {
             Kind::Q8_0 => tiles!(tile_q8),
-            Kind::Q4_0 | Kind::Q4_1 => tiles!(tile, 0, false),
-            Kind::Q4K => tiles!(tile, 0, true),
-            Kind::Q5_0 | Kind::Q5K | Kind::Q5_1 => tiles!(tile, 1, false),
-            Kind::Q6K => tiles!(tile, 2, false),
+            Kind::Q4_0 | Kind::Q4_1 => tiles!(tile, 0, false, false),
+            Kind::Q4K => tiles!(tile, 0, true, false),
+            Kind::Q3K => tiles!(tile, 0, false, true),
+            Kind::Q2K => tiles!(tile, 0, true, true),
+            Kind::Q5_0 | Kind::Q5K | Kind::Q5_1 => tiles!(tile, 1, false, false),
+            Kind::Q6K => tiles!(tile, 2, false, true),
         }
     });
 }
@@ -245,30 +248,35 @@ pub unsafe fn gemm_avx2(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat
     debug_assert!(w.layout == Layout::Rows16 && (lo.is_multiple_of(ROWS) || lo >= hi));
     super::tiles(lo, hi, a.t, ROWS, 2, |r0, valid, t0, c| {
         let args = (w, a, r0, t0, valid, r0 - lo, out);
+        // (tokens, planes, scales per 16 codes)
         match (w.kind, c) {
             (Kind::Q8_0, 2) => avx2::tile_q8::<2>(args),
             (Kind::Q8_0, _) => avx2::tile_q8::<1>(args),
-            (Kind::Q4_0 | Kind::Q4_1 | Kind::Q4K, 2) => avx2::tile::<2, 0>(args),
-            (Kind::Q4_0 | Kind::Q4_1 | Kind::Q4K, _) => avx2::tile::<1, 0>(args),
-            (Kind::Q5_0 | Kind::Q5K | Kind::Q5_1, 2) => avx2::tile::<2, 1>(args),
-            (Kind::Q5_0 | Kind::Q5K | Kind::Q5_1, _) => avx2::tile::<1, 1>(args),
-            (Kind::Q6K, 2) => avx2::tile::<2, 2>(args),
-            (Kind::Q6K, _) => avx2::tile::<1, 2>(args),
+            (Kind::Q4_0 | Kind::Q4_1 | Kind::Q4K, 2) => avx2::tile::<2, 0, false>(args),
+            (Kind::Q4_0 | Kind::Q4_1 | Kind::Q4K, _) => avx2::tile::<1, 0, false>(args),
+            (Kind::Q3K | Kind::Q2K, 2) => avx2::tile::<2, 0, true>(args),
+            (Kind::Q3K | Kind::Q2K, _) => avx2::tile::<1, 0, true>(args),
+            (Kind::Q5_0 | Kind::Q5K | Kind::Q5_1, 2) => avx2::tile::<2, 1, false>(args),
+            (Kind::Q5_0 | Kind::Q5K | Kind::Q5_1, _) => avx2::tile::<1, 1, false>(args),
+            (Kind::Q6K, 2) => avx2::tile::<2, 2, true>(args),
+            (Kind::Q6K, _) => avx2::tile::<1, 2, true>(args),
         }
     });
 }
 
 /// How a nibble tile turns a block's integer sums into floats, from the weight kind: the offset
 /// of Q4_0 / Q5_0 (−8 / −16), a min a block (Q4_1, Q5_1, Q5_K), the same with the scale and min
-/// formed from Q4_K's 6-bit pairs and super-block scales (`SuperMin`), or Q6_K's scale per half
-/// block (offset −32 per half).
+/// formed from Q4_K's 6-bit pairs and super-block scales (`SuperMin`), a scale per half block
+/// with an offset (Q6_K −32, Q3_K −4), or a scale and min per half block formed from Q2_K's
+/// 4-bit pairs and super-block scales (`SuperMinHalves`).
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy, PartialEq)]
 enum Scaling {
     Offset(f32),
     Min,
     SuperMin,
-    Halves,
+    Halves(f32),
+    SuperMinHalves,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -277,9 +285,11 @@ impl Scaling {
         match kind {
             Kind::Q4_0 => Scaling::Offset(-8.0),
             Kind::Q5_0 => Scaling::Offset(-16.0),
-            Kind::Q6K => Scaling::Halves,
+            Kind::Q6K => Scaling::Halves(-32.0),
+            Kind::Q3K => Scaling::Halves(-4.0),
             Kind::Q4_1 | Kind::Q5K | Kind::Q5_1 => Scaling::Min,
             Kind::Q4K => Scaling::SuperMin,
+            Kind::Q2K => Scaling::SuperMinHalves,
             Kind::Q8_0 => unreachable!("Q8_0 takes the byte-code tile"),
         }
     }
@@ -316,16 +326,19 @@ mod avx2 {
     }
 
     /// The nibble kinds with P high-bit planes: [`super::x86::tile`] without VNNI, on two halves.
-    /// Q4 sums its eight group products in 16-bit lanes; with planes the codes reach 63, so each
-    /// product is widened to 32 bits, codes 0..16 and 16..32 in their own sets.
+    /// Q4 sums its eight group products in 16-bit lanes (with `H`, the kinds whose scales change
+    /// every 16 codes, codes 0..16 and 16..32 in their own sets); with planes the codes reach 63,
+    /// so each product is widened to 32 bits, codes 0..16 and 16..32 in their own sets.
     #[inline(always)]
-    pub(super) unsafe fn tile<const C: usize, const P: usize>((w, a, r0, t0, valid, orow, out): TileArgs) {
+    pub(super) unsafe fn tile<const C: usize, const P: usize, const H: bool>(
+        (w, a, r0, t0, valid, orow, out): TileArgs,
+    ) {
         let ops = Operands::<C>::new(w, a, r0, t0);
         let Operands { n, d, m, xq, dx, sx, .. } = ops;
         let scaling = Scaling::of(w.kind);
         let (nib, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
         let mut acc = [[_mm256_setzero_ps(); 2]; C];
-        // Q4_K: the current super-block's d (rows 0–7, 8–15) and −dmin (the same).
+        // Q4_K, Q2_K: the current super-block's d (rows 0–7, 8–15) and −dmin (the same).
         let mut sup = [_mm256_setzero_ps(); 4];
         for b in 0..n {
             let qb = ops.block(b, GROUP_BLOCK + P * PLANE);
@@ -349,8 +362,12 @@ mod avx2 {
                     let xb = _mm256_set1_epi32((xq[c].add(b * BLOCK + 16 + 4 * j) as *const i32).read_unaligned());
                     for h in 0..2 {
                         let (pa, pb) = (_mm256_maddubs_epi16(lo4[h], xa), _mm256_maddubs_epi16(hi4[h], xb));
-                        if P == 0 {
+                        if P == 0 && !H {
                             isum[c][h] = _mm256_add_epi16(isum[c][h], _mm256_add_epi16(pa, pb));
+                        } else if P == 0 {
+                            // Codes ≤ 7: four groups of two products stay within 16 bits.
+                            isum[c][h] = _mm256_add_epi16(isum[c][h], pa);
+                            isum2[c][h] = _mm256_add_epi16(isum2[c][h], pb);
                         } else {
                             isum[c][h] = _mm256_add_epi32(isum[c][h], _mm256_madd_epi16(pa, ones));
                             isum2[c][h] = _mm256_add_epi32(isum2[c][h], _mm256_madd_epi16(pb, ones));
@@ -360,36 +377,67 @@ mod avx2 {
             }
             let half =
                 |p: *const u16, h: usize| _mm256_cvtph_ps(_mm_loadu_si128(p.add(b * ROWS + 8 * h) as *const __m128i));
-            let (wd, wm) = if scaling == Scaling::SuperMin {
-                if b % 8 == 0 {
-                    // This super-block's d and −dmin, 16 rows each.
-                    let at = (b / 8) * 2 * ROWS;
-                    let f = |o: usize| _mm256_cvtph_ps(_mm_loadu_si128(m.add(o) as *const __m128i));
-                    sup = [f(at), f(at + 8), f(at + ROWS), f(at + ROWS + 8)];
-                    sup[2] = _mm256_sub_ps(_mm256_setzero_ps(), sup[2]);
-                    sup[3] = _mm256_sub_ps(_mm256_setzero_ps(), sup[3]);
-                }
+            let super_block = matches!(scaling, Scaling::SuperMin | Scaling::SuperMinHalves);
+            if super_block && b % 8 == 0 {
+                // This super-block's d and −dmin, 16 rows each.
+                let at = (b / 8) * 2 * ROWS;
+                let f = |o: usize| _mm256_cvtph_ps(_mm_loadu_si128(m.add(o) as *const __m128i));
+                sup = [f(at), f(at + 8), f(at + ROWS), f(at + ROWS + 8)];
+                sup[2] = _mm256_sub_ps(_mm256_setzero_ps(), sup[2]);
+                sup[3] = _mm256_sub_ps(_mm256_setzero_ps(), sup[3]);
+            }
+            // Each block's scale and min (or offset scale) per row lane; Q2_K's second half's in
+            // `wd2`, `wm2`.
+            let (mut wd2, mut wm2) = ([_mm256_setzero_ps(); 2], [_mm256_setzero_ps(); 2]);
+            let (wd, wm) = if super_block {
                 let pair = |h: usize| _mm256_cvtepu16_epi32(_mm_loadu_si128(d.add(b * ROWS + 8 * h) as *const __m128i));
                 let (p0, p1) = (pair(0), pair(1));
-                let low = |p: __m256i| _mm256_cvtepi32_ps(_mm256_and_si256(p, _mm256_set1_epi32(0xFF)));
-                let high = |p: __m256i| _mm256_cvtepi32_ps(_mm256_srli_epi32::<8>(p));
-                (
-                    [_mm256_mul_ps(low(p0), sup[0]), _mm256_mul_ps(low(p1), sup[1])],
-                    [_mm256_mul_ps(high(p0), sup[2]), _mm256_mul_ps(high(p1), sup[3])],
-                )
+                let field = |p: __m256i, shift: i32, mask: i32| {
+                    _mm256_cvtepi32_ps(_mm256_and_si256(
+                        _mm256_srlv_epi32(p, _mm256_set1_epi32(shift)),
+                        _mm256_set1_epi32(mask),
+                    ))
+                };
+                if scaling == Scaling::SuperMin {
+                    (
+                        [_mm256_mul_ps(field(p0, 0, 0xFF), sup[0]), _mm256_mul_ps(field(p1, 0, 0xFF), sup[1])],
+                        [_mm256_mul_ps(field(p0, 8, 0xFF), sup[2]), _mm256_mul_ps(field(p1, 8, 0xFF), sup[3])],
+                    )
+                } else {
+                    // Q2_K: scale | min << 4 of the first half in the low byte, the second's above.
+                    wd2 = [_mm256_mul_ps(field(p0, 8, 0xF), sup[0]), _mm256_mul_ps(field(p1, 8, 0xF), sup[1])];
+                    wm2 = [_mm256_mul_ps(field(p0, 12, 0xF), sup[2]), _mm256_mul_ps(field(p1, 12, 0xF), sup[3])];
+                    (
+                        [_mm256_mul_ps(field(p0, 0, 0xF), sup[0]), _mm256_mul_ps(field(p1, 0, 0xF), sup[1])],
+                        [_mm256_mul_ps(field(p0, 4, 0xF), sup[2]), _mm256_mul_ps(field(p1, 4, 0xF), sup[3])],
+                    )
+                }
             } else {
                 let wd = [half(d, 0), half(d, 1)];
-                (wd, if matches!(scaling, Scaling::Min | Scaling::Halves) { [half(m, 0), half(m, 1)] } else { wd })
+                (wd, if matches!(scaling, Scaling::Min | Scaling::Halves(_)) { [half(m, 0), half(m, 1)] } else { wd })
             };
             for c in 0..C {
                 let dxb = _mm256_set1_ps(*dx[c].add(b));
                 for h in 0..2 {
-                    if scaling == Scaling::Halves {
+                    if H {
+                        let (dot0, dot1) = if P == 0 {
+                            (_mm256_madd_epi16(isum[c][h], ones), _mm256_madd_epi16(isum2[c][h], ones))
+                        } else {
+                            (isum[c][h], isum2[c][h])
+                        };
+                        let (dot0, dot1) = (_mm256_cvtepi32_ps(dot0), _mm256_cvtepi32_ps(dot1));
                         let (s0, s1) = (*sx[c].add(2 * b), *sx[c].add(2 * b + 1));
-                        let lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c][h]), dxb, _mm256_set1_ps(-32.0 * s0));
-                        let hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum2[c][h]), dxb, _mm256_set1_ps(-32.0 * s1));
-                        acc[c][h] = _mm256_fmadd_ps(wd[h], lo, acc[c][h]);
-                        acc[c][h] = _mm256_fmadd_ps(wm[h], hi, acc[c][h]);
+                        if let Scaling::Halves(k) = scaling {
+                            let lo = _mm256_fmadd_ps(dot0, dxb, _mm256_set1_ps(k * s0));
+                            let hi = _mm256_fmadd_ps(dot1, dxb, _mm256_set1_ps(k * s1));
+                            acc[c][h] = _mm256_fmadd_ps(wd[h], lo, acc[c][h]);
+                            acc[c][h] = _mm256_fmadd_ps(wm[h], hi, acc[c][h]);
+                        } else {
+                            acc[c][h] = _mm256_fmadd_ps(wd[h], _mm256_mul_ps(dot0, dxb), acc[c][h]);
+                            acc[c][h] = _mm256_fmadd_ps(wd2[h], _mm256_mul_ps(dot1, dxb), acc[c][h]);
+                            acc[c][h] = _mm256_fmadd_ps(wm[h], _mm256_set1_ps(s0), acc[c][h]);
+                            acc[c][h] = _mm256_fmadd_ps(wm2[h], _mm256_set1_ps(s1), acc[c][h]);
+                        }
                         continue;
                     }
                     let dot = if P == 0 {
@@ -467,20 +515,27 @@ mod x86 {
     /// 16 rows × C tokens over every block of a nibble kind with P high-bit planes: per block,
     /// the eight 4-code group products, each group's codes completed by one masked byte add per
     /// plane; summed (with VNNI) in two sets of 32-bit lanes, codes 0..16 and 16..32; without
-    /// VNNI, Q4's in 16-bit lanes and the wider codes' widened to 32 bits per product. Then per
-    /// row lane `d_w·(d_x·dot + k·s)` (Q4_0 k = −8, Q5_0 −16), `d_w·d_x·dot + m·s` (Q4_1, Q5_1,
-    /// Q5_K; Q4_K with `K4`, its `d_w = d·sc` and `m = −dmin·mn` formed per block from the byte
-    /// pairs and the super-block's scales) or, a half block each,
-    /// `d·(d_x·dot₀ − 32·s₀) + m·(d_x·dot₁ − 32·s₁)` (Q6_K).
+    /// VNNI, Q4's in 16-bit lanes (with `H`, the kinds whose scales change every 16 codes, in two
+    /// sets) and the wider codes' widened to 32 bits per product. Then per row lane
+    /// `d_w·(d_x·dot + k·s)` (Q4_0 k = −8, Q5_0 −16), `d_w·d_x·dot + m·s` (Q4_1, Q5_1, Q5_K;
+    /// Q4_K with `SUP`, its `d_w = d·sc` and `m = −dmin·mn` formed per block from the byte pairs
+    /// and the super-block's scales) or, a half block each (`H`),
+    /// `d·(d_x·dot₀ + k·s₀) + m·(d_x·dot₁ + k·s₁)` (Q6_K k = −32, Q3_K −4) or, with `SUP` too,
+    /// `Σ_h d_h·d_x·dot_h + m_h·s_h` (Q2_K, each half's scale and min formed as Q4_K's).
     #[inline(always)]
-    pub(super) unsafe fn tile<const C: usize, const VNNI: bool, const P: usize, const K4: bool>(
+    pub(super) unsafe fn tile<const C: usize, const VNNI: bool, const P: usize, const SUP: bool, const H: bool>(
         (w, a, r0, t0, valid, orow, out): TileArgs,
     ) {
         let ops = Operands::<C>::new(w, a, r0, t0);
         let Operands { n, d, m, xq, dx, sx, .. } = ops;
-        // Q4_K's scales known at compile time, so the other kinds' tiles carry none of its work.
-        let scaling = if K4 { Scaling::SuperMin } else { Scaling::of(w.kind) };
-        let has_m = matches!(scaling, Scaling::Min | Scaling::Halves);
+        // Super-block scales (Q4_K, Q2_K) known at compile time, so the other kinds' tiles carry
+        // none of their work.
+        let scaling = match (SUP, H) {
+            (true, false) => Scaling::SuperMin,
+            (true, true) => Scaling::SuperMinHalves,
+            _ => Scaling::of(w.kind),
+        };
+        let has_m = matches!(scaling, Scaling::Min | Scaling::Halves(_));
         let (nib, ones) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi16(1));
         let mut acc = [_mm512_setzero_ps(); C];
         // Q4_K: the current super-block's d and −dmin per row lane.
@@ -512,39 +567,69 @@ mod x86 {
                     if VNNI {
                         isum[c] = _mm512_dpbusd_epi32(isum[c], lo4, xa);
                         isum2[c] = _mm512_dpbusd_epi32(isum2[c], hi4, xb);
-                    } else if P == 0 {
+                    } else if P == 0 && !H {
                         isum[c] = _mm512_add_epi16(isum[c], _mm512_maddubs_epi16(lo4, xa));
                         isum[c] = _mm512_add_epi16(isum[c], _mm512_maddubs_epi16(hi4, xb));
+                    } else if P == 0 {
+                        // Codes ≤ 7: four groups of two products stay within 16 bits.
+                        isum[c] = _mm512_add_epi16(isum[c], _mm512_maddubs_epi16(lo4, xa));
+                        isum2[c] = _mm512_add_epi16(isum2[c], _mm512_maddubs_epi16(hi4, xb));
                     } else {
                         isum[c] = _mm512_add_epi32(isum[c], _mm512_madd_epi16(_mm512_maddubs_epi16(lo4, xa), ones));
                         isum2[c] = _mm512_add_epi32(isum2[c], _mm512_madd_epi16(_mm512_maddubs_epi16(hi4, xb), ones));
                     }
                 }
             }
-            let (wd, wm) = if K4 {
+            // Q2_K's second-half scale and min per row lane.
+            let (mut wd2, mut wm2) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+            let (wd, wm) = if SUP {
                 if b % 8 == 0 {
                     let at = (b / 8) * 2 * ROWS;
                     sup_d = _mm512_cvtph_ps(_mm256_loadu_si256(m.add(at) as *const __m256i));
                     let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(m.add(at + ROWS) as *const __m256i));
                     sup_m = _mm512_sub_ps(_mm512_setzero_ps(), dmin);
                 }
-                // Sub-block b's 6-bit scale (low byte) and min (high byte) per row lane.
                 let pair = _mm512_cvtepu16_epi32(_mm256_loadu_si256(d.add(b * ROWS) as *const __m256i));
-                let sc = _mm512_cvtepi32_ps(_mm512_and_si512(pair, _mm512_set1_epi32(0xFF)));
-                let mn = _mm512_cvtepi32_ps(_mm512_srli_epi32::<8>(pair));
-                (_mm512_mul_ps(sc, sup_d), _mm512_mul_ps(mn, sup_m))
+                let field = |shift: u32, mask: i32| {
+                    _mm512_cvtepi32_ps(_mm512_and_si512(
+                        _mm512_srlv_epi32(pair, _mm512_set1_epi32(shift as i32)),
+                        _mm512_set1_epi32(mask),
+                    ))
+                };
+                if H {
+                    // Q2_K: the two sub-blocks' scale | min << 4, the first half's in the low byte.
+                    wd2 = _mm512_mul_ps(field(8, 0xF), sup_d);
+                    wm2 = _mm512_mul_ps(field(12, 0xF), sup_m);
+                    (_mm512_mul_ps(field(0, 0xF), sup_d), _mm512_mul_ps(field(4, 0xF), sup_m))
+                } else {
+                    // Q4_K: sub-block b's 6-bit scale (low byte) and min (high byte).
+                    (_mm512_mul_ps(field(0, 0xFF), sup_d), _mm512_mul_ps(field(8, 0xFF), sup_m))
+                }
             } else {
                 let wd = _mm512_cvtph_ps(_mm256_loadu_si256(d.add(b * ROWS) as *const __m256i));
                 (wd, if has_m { _mm512_cvtph_ps(_mm256_loadu_si256(m.add(b * ROWS) as *const __m256i)) } else { wd })
             };
             for c in 0..C {
                 let dxb = _mm512_set1_ps(*dx[c].add(b));
-                if scaling == Scaling::Halves {
+                if H {
+                    let (dot0, dot1) = if VNNI || P > 0 {
+                        (isum[c], isum2[c])
+                    } else {
+                        (_mm512_madd_epi16(isum[c], ones), _mm512_madd_epi16(isum2[c], ones))
+                    };
+                    let (dot0, dot1) = (_mm512_cvtepi32_ps(dot0), _mm512_cvtepi32_ps(dot1));
                     let (s0, s1) = (*sx[c].add(2 * b), *sx[c].add(2 * b + 1));
-                    let lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), dxb, _mm512_set1_ps(-32.0 * s0));
-                    let hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum2[c]), dxb, _mm512_set1_ps(-32.0 * s1));
-                    acc[c] = _mm512_fmadd_ps(wd, lo, acc[c]);
-                    acc[c] = _mm512_fmadd_ps(wm, hi, acc[c]);
+                    if let Scaling::Halves(k) = scaling {
+                        let lo = _mm512_fmadd_ps(dot0, dxb, _mm512_set1_ps(k * s0));
+                        let hi = _mm512_fmadd_ps(dot1, dxb, _mm512_set1_ps(k * s1));
+                        acc[c] = _mm512_fmadd_ps(wd, lo, acc[c]);
+                        acc[c] = _mm512_fmadd_ps(wm, hi, acc[c]);
+                    } else {
+                        acc[c] = _mm512_fmadd_ps(wd, _mm512_mul_ps(dot0, dxb), acc[c]);
+                        acc[c] = _mm512_fmadd_ps(wd2, _mm512_mul_ps(dot1, dxb), acc[c]);
+                        acc[c] = _mm512_fmadd_ps(wm, _mm512_set1_ps(s0), acc[c]);
+                        acc[c] = _mm512_fmadd_ps(wm2, _mm512_set1_ps(s1), acc[c]);
+                    }
                     continue;
                 }
                 let dot = if VNNI || P > 0 {

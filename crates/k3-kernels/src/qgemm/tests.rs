@@ -140,19 +140,20 @@ fn every_isa_matches_ggml_vec_dot() {
     }
 }
 
-/// Q6_K, Q5_K and Q4_K in the 16-row layout, on every path this CPU has (the scalar loops
+/// Q6_K, Q5_K, Q4_K, Q3_K and Q2_K in the 16-row layout, on every path this CPU has (the scalar loops
 /// included), against the product written out from ggml's own codes and scales
-/// (`q6_k_halves`, `q5_k_blocks`: the scales and mins rounded to f16, the tiles' one
-/// approximation; Q4_K's `d·sc` and `dmin·m` formed in f32, as ggml forms them) and the
+/// (`q6_k_halves`, `q3_k_halves`, `q5_k_blocks`: the scales and mins rounded to f16, the tiles'
+/// one approximation; Q4_K's and Q2_K's `d·sc` and `dmin·m` formed in f32, as ggml forms them) and the
 /// activations' 8-bit codes; and against ggml's `vec_dot_q*_K_q8_K`:
 /// measured from the exact product of the file's dequantized rows, the tiles' error is no
 /// larger than ggml's (whose activations are rounded per 256, ours per 32).
 #[test]
 fn k_quant_tiles_match_ggml_codes_and_scales() {
     use crate::quant::k_quants::{q5_k_blocks, q6_k_halves, scale_min_k4, QK};
+    use crate::quant::k_quants_low::{q2_k_codes, q3_k_halves};
     let f = |bits: u16| half::f16::from_bits(bits).to_f32() as f64;
     let mut rng = Rng::new(23);
-    for ty in [GgmlType::Q6_K, GgmlType::Q5_K, GgmlType::Q4_K] {
+    for ty in [GgmlType::Q6_K, GgmlType::Q5_K, GgmlType::Q4_K, GgmlType::Q3_K, GgmlType::Q2_K] {
         for &(rows, cols, t) in &[(16, 256, 1), (21, 512, 3), (40, 768, 9), (17, 256, 17)] {
             let w = rng.normals(rows * cols, 0.4);
             let x = rng.normals(t * cols, 1.5);
@@ -165,6 +166,8 @@ fn k_quant_tiles_match_ggml_codes_and_scales() {
             let kind = match ty {
                 GgmlType::Q6_K => Kind::Q6K,
                 GgmlType::Q5_K => Kind::Q5K,
+                GgmlType::Q3_K => Kind::Q3K,
+                GgmlType::Q2_K => Kind::Q2K,
                 _ => Kind::Q4K,
             };
             assert_eq!(p.kind, kind);
@@ -190,6 +193,26 @@ fn k_quant_tiles_match_ggml_codes_and_scales() {
                                     let xsum: i32 = xs[32 * j..32 * (j + 1)].iter().map(|&v| v as i32).sum();
                                     let (sc, mn) = ((d as f32 * ls as f32) as f64, (-(dmin as f32) * lm as f32) as f64);
                                     dxs[j] as f64 * (sc * isum as f64 + mn * xsum as f64)
+                                })
+                                .sum::<f64>()
+                        } else if ty == GgmlType::Q3_K {
+                            let (q, sc) = q3_k_halves(blk).expect("finite scales");
+                            (0..16)
+                                .map(|g| {
+                                    let isum: i32 =
+                                        (0..16).map(|i| (q[16 * g + i] as i32 - 4) * xs[16 * g + i] as i32).sum();
+                                    f(sc[g]) * dxs[g / 2] as f64 * isum as f64
+                                })
+                                .sum::<f64>()
+                        } else if ty == GgmlType::Q2_K {
+                            let (q, d, dmin, scb) = q2_k_codes(blk);
+                            (0..16)
+                                .map(|g| {
+                                    let isum: i32 = (0..16).map(|i| q[16 * g + i] as i32 * xs[16 * g + i] as i32).sum();
+                                    let xsum: i32 = xs[16 * g..16 * (g + 1)].iter().map(|&v| v as i32).sum();
+                                    let sc = (d * (scb[g] & 0xF) as f32) as f64;
+                                    let mn = (-dmin * (scb[g] >> 4) as f32) as f64;
+                                    dxs[g / 2] as f64 * (sc * isum as f64 + mn * xsum as f64)
                                 })
                                 .sum::<f64>()
                         } else if ty == GgmlType::Q6_K {
@@ -252,6 +275,7 @@ fn packed_rows_dequantize_like_ggml_and_select() {
         .into_iter()
         .flat_map(|ty| [(ty, Layout::RowPairs), (ty, Layout::Rows16)])
         .chain([(GgmlType::Q6_K, Layout::Rows16), (GgmlType::Q5_K, Layout::Rows16), (GgmlType::Q5_1, Layout::Rows16)])
+        .chain([(GgmlType::Q3_K, Layout::Rows16), (GgmlType::Q2_K, Layout::Rows16)])
         .chain([(GgmlType::Q4_K, Layout::Rows16), (GgmlType::Q4_K, Layout::RowPairs)]);
     for (ty, layout) in cases {
         // K-quants: super-blocks of 256; scales and mins rounded to f16 (each term off by at
@@ -290,7 +314,7 @@ fn packing_in_bands_equals_packing_at_once() {
     let mut rng = Rng::new(31);
     let (rows, cols) = (53, 512);
     let types = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q5_1];
-    let k_quants = [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K];
+    let k_quants = [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q3_K, GgmlType::Q2_K];
     for ty in types.into_iter().chain(k_quants) {
         let w = rng.normals(rows * cols, 0.4);
         let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
