@@ -50,11 +50,11 @@ fn gguf_and_prompt_errors() {
         "--model",
         &golden("tiny_kimi_linear_dense").to_string_lossy(),
         "--type",
-        "q3_k",
+        "iq4_xs",
         "--out",
         "/dev/null",
     ]);
-    assert!(e.contains("q3_k") && e.contains("allowed"), "{e}");
+    assert!(e.contains("iq4_xs") && e.contains("allowed"), "{e}");
     let e = fails(&["generate", "--model", &g.to_string_lossy(), "--prompt", "hi"]);
     assert!(e.contains("no tokenizer"), "{e}");
     let e = fails(&["logits", "--model", "/nonexistent/dir", "--ids", "1", "--out", "/dev/null"]);

@@ -27,6 +27,11 @@ pub enum QuantType {
     Q8_0,
     Q4_0,
     Q4_1,
+    /// Q2_K everywhere it fits, the head in Q6_K (llama.cpp's Q2_K also raises some matrices
+    /// to Q3_K / Q4_K; this one does not).
+    Q2_K,
+    /// Q3_K everywhere it fits, the head in Q6_K (llama.cpp's Q3_K_S).
+    Q3_K,
     /// Q4_K everywhere it fits, the head in Q6_K (llama.cpp's Q4_K_S).
     Q4_K,
     /// Q5_K everywhere it fits, the head in Q6_K (llama.cpp's Q5_K_S).
@@ -42,14 +47,14 @@ impl QuantType {
             "q8_0" => QuantType::Q8_0,
             "q4_0" => QuantType::Q4_0,
             "q4_1" => QuantType::Q4_1,
+            "q2_k" => QuantType::Q2_K,
+            "q3_k" | "q3_k_s" => QuantType::Q3_K,
             "q4_k" | "q4_k_s" => QuantType::Q4_K,
             "q5_k" | "q5_k_s" => QuantType::Q5_K,
             "q6_k" => QuantType::Q6_K,
-            other => {
-                return Err(Error::Invalid(format!(
-                    "--type `{other}` is not supported; allowed: f32, f16, q8_0, q4_0, q4_1, q4_k, q5_k, q6_k"
-                )))
-            }
+            other => return Err(Error::Invalid(format!(
+                "--type `{other}` is not supported; allowed: f32, f16, q8_0, q4_0, q4_1, q2_k, q3_k, q4_k, q5_k, q6_k"
+            ))),
         })
     }
 
@@ -60,6 +65,8 @@ impl QuantType {
             QuantType::Q8_0 => GgmlType::Q8_0,
             QuantType::Q4_0 => GgmlType::Q4_0,
             QuantType::Q4_1 => GgmlType::Q4_1,
+            QuantType::Q2_K => GgmlType::Q2_K,
+            QuantType::Q3_K => GgmlType::Q3_K,
             QuantType::Q4_K => GgmlType::Q4_K,
             QuantType::Q5_K => GgmlType::Q5_K,
             QuantType::Q6_K => GgmlType::Q6_K,
@@ -70,7 +77,7 @@ impl QuantType {
     fn head(self) -> GgmlType {
         match self {
             QuantType::Q4_0 | QuantType::Q4_1 => GgmlType::Q8_0,
-            QuantType::Q4_K | QuantType::Q5_K => GgmlType::Q6_K,
+            QuantType::Q2_K | QuantType::Q3_K | QuantType::Q4_K | QuantType::Q5_K => GgmlType::Q6_K,
             other => other.ggml(),
         }
     }
@@ -83,6 +90,8 @@ impl QuantType {
             QuantType::Q4_0 => 2,
             QuantType::Q4_1 => 3,
             QuantType::Q8_0 => 7,
+            QuantType::Q2_K => 10,
+            QuantType::Q3_K => 11,
             QuantType::Q4_K => 14,
             QuantType::Q5_K => 16,
             QuantType::Q6_K => 18,
