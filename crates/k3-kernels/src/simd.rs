@@ -162,7 +162,7 @@ fn check<T>(what: &str, x: &[T], ld: usize, rows: usize, cols: usize) {
 }
 
 /// Round every value to the nearest f16 (ties to even), in place: F16C 16 at a time when the
-/// CPU has AVX-512, else `half`'s conversion.
+/// CPU has AVX-512, 8 at a time with AVX2 (and F16C), else `half`'s conversion.
 pub fn round_f16_inplace(v: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if crate::qgemm::Isa::best() >= crate::qgemm::Isa::Avx512 {
@@ -170,11 +170,17 @@ pub fn round_f16_inplace(v: &mut [f32]) {
         unsafe { x86::round_f16_512(v) };
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if avx2_f32() {
+        // SAFETY: AVX2 and F16C are present (avx2_f32 checks both).
+        unsafe { crate::simd_avx2::round_f16_256(v) };
+        return;
+    }
     v.iter_mut().for_each(|x| *x = half::f16::from_f32(*x).to_f32());
 }
 
 /// f32 → f16 bits (round to nearest, ties to even), `dst[i] = f16(src[i])`: F16C 16 at a time
-/// when the CPU has AVX-512, else `half`'s conversion. The attention caches' store.
+/// when the CPU has AVX-512, 8 with AVX2, else `half`'s conversion. The attention caches' store.
 pub fn f32_to_f16(dst: &mut [u16], src: &[f32]) {
     assert_eq!(dst.len(), src.len(), "f32_to_f16: lengths differ");
     #[cfg(target_arch = "x86_64")]
@@ -183,17 +189,29 @@ pub fn f32_to_f16(dst: &mut [u16], src: &[f32]) {
         unsafe { x86::f32_to_f16_512(dst, src) };
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if avx2_f32() {
+        // SAFETY: AVX2 and F16C are present (avx2_f32 checks both); lengths are equal.
+        unsafe { crate::simd_avx2::f32_to_f16_256(dst, src) };
+        return;
+    }
     dst.iter_mut().zip(src).for_each(|(d, &x)| *d = half::f16::from_f32(x).to_bits());
 }
 
 /// f16 bits → f32 (exact), `dst[i] = src[i]` widened: F16C 16 at a time when the CPU has
-/// AVX-512, else `half`'s conversion. The attention caches' load.
+/// AVX-512, 8 with AVX2, else `half`'s conversion. The attention caches' load.
 pub fn f16_to_f32(dst: &mut [f32], src: &[u16]) {
     assert_eq!(dst.len(), src.len(), "f16_to_f32: lengths differ");
     #[cfg(target_arch = "x86_64")]
     if crate::qgemm::Isa::best() >= crate::qgemm::Isa::Avx512 {
         // SAFETY: as in `f32_to_f16`.
         unsafe { x86::f16_to_f32_512(dst, src) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if avx2_f32() {
+        // SAFETY: as above.
+        unsafe { crate::simd_avx2::f16_to_f32_256(dst, src) };
         return;
     }
     dst.iter_mut().zip(src).for_each(|(d, &h)| *d = half::f16::from_bits(h).to_f32());

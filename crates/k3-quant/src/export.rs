@@ -52,9 +52,11 @@ impl QuantType {
             "q4_k" | "q4_k_s" => QuantType::Q4_K,
             "q5_k" | "q5_k_s" => QuantType::Q5_K,
             "q6_k" => QuantType::Q6_K,
-            other => return Err(Error::Invalid(format!(
+            other => {
+                return Err(Error::Invalid(format!(
                 "--type `{other}` is not supported; allowed: f32, f16, q8_0, q4_0, q4_1, q2_k, q3_k, q4_k, q5_k, q6_k"
-            ))),
+            )))
+            }
         })
     }
 
