@@ -31,7 +31,10 @@
 //! a block), Q6_K a scale per 16 codes (`d` for codes 0..16 of a block, `m` for 16..32: the two
 //! accumulator sets, offset −32 against the activations' half sums). Q4_K has no plane: Q4_1's
 //! nibbles, with each block's 6-bit scale and min as a byte pair in `d` and each super-block's
-//! f16 `d` and `dmin` in `m`, from which the tile forms the block's scale and min in f32.
+//! f16 `d` and `dmin` in `m`, from which the tile forms the block's scale and min in f32. Q3_K
+//! and Q2_K have no plane either (codes 0..7 and 0..3 as nibbles): Q3_K takes Q6_K's scale per
+//! half block (offset −4), Q2_K a scale and min per half block formed as Q4_K's from its 4-bit
+//! pairs (in `d`, one byte a half) and the super-block's f16 `d` and `dmin` (in `m`).
 //! Dims: nbp blocks per row (even), R = 16 rows per group, C tokens per tile.
 
 use super::{Kind, Layout, OutMat, Packed, QActs, BLOCK};
@@ -538,7 +541,7 @@ mod x86 {
         let has_m = matches!(scaling, Scaling::Min | Scaling::Halves(_));
         let (nib, ones) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi16(1));
         let mut acc = [_mm512_setzero_ps(); C];
-        // Q4_K: the current super-block's d and −dmin per row lane.
+        // Q4_K, Q2_K: the current super-block's d and −dmin per row lane.
         let (mut sup_d, mut sup_m) = (_mm512_setzero_ps(), _mm512_setzero_ps());
         for b in 0..n {
             let qb = ops.block(b, GROUP_BLOCK + P * PLANE);
