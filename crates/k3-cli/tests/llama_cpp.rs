@@ -188,11 +188,11 @@ fn k_quant_files_from_llama_cpp_quantizer() {
     let source = GgufFile::open(&f16).expect("open the f16 export");
     let ids: Vec<u32> = (0..48u32).map(|j| (j * 797 + 13) % 4096).collect();
     let ids = ids_arg(&ids);
+    let quantizer = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/bench/llama_quantize.py");
     // (llama.cpp file type, ggml type ids the file must hold)
     for (ftype, must) in [("Q4_K_M", &[12u32, 14][..]), ("Q3_K_M", &[11, 12]), ("Q2_K", &[10, 11])] {
         let kq = d.join(format!("m-{ftype}.gguf"));
-        let quantizer = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/bench/llama_quantize.py");
-        run(Command::new(&py).arg(quantizer).arg(&f16).arg(&kq).arg(ftype));
+        run(Command::new(&py).arg(&quantizer).arg(&f16).arg(&kq).arg(ftype));
         let file = GgufFile::open(&kq).expect("open");
         let types: std::collections::BTreeSet<u32> = file.tensors.iter().map(|t| t.type_id).collect();
         assert!(must.iter().all(|t| types.contains(t)), "{ftype}: the file should hold types {must:?}: {types:?}");

@@ -201,6 +201,19 @@ impl Kind {
         matches!(self, Kind::Q6K | Kind::Q3K | Kind::Q2K)
     }
 
+    /// The code the value is zero at, for the kinds whose value is `(u − offset)·scale` (μ =
+    /// −offset·scale); `None` for the kinds with a min.
+    pub(crate) fn code_offset(self) -> Option<f32> {
+        match self {
+            Kind::Q4_0 => Some(8.0),
+            Kind::Q5_0 => Some(16.0),
+            Kind::Q8_0 => Some(128.0),
+            Kind::Q6K => Some(32.0),
+            Kind::Q3K => Some(4.0),
+            Kind::Q4_1 | Kind::Q5K | Kind::Q5_1 | Kind::Q4K | Kind::Q2K => None,
+        }
+    }
+
     /// Entries of `m` per row: one a block, or for Q4_K two (`d`, `dmin`) a super-block of 8.
     pub(crate) fn m_per_row(self, nbp: usize) -> usize {
         if self.super_scales() {
@@ -366,14 +379,13 @@ impl Packed {
 
     /// Row r's scales as f32 (`dw`) and offsets μ (`mu`), `nbp` each.
     pub(crate) fn row_scales(&self, r: usize, dw: &mut [f32], mu: &mut [f32]) {
+        assert!(!self.kind.per_half(), "{:?}: scales that change every 16 codes: half_scales", self.kind);
         if self.kind == Kind::Q4K {
-            let f = |bits: u16| half::f16::from_bits(bits).to_f32();
             for b in 0..self.nbp {
                 let pair = self.d[self.scale_at(r, b)];
-                let (sd, smin) =
-                    (self.m[rows16::k4_at(self.nbp, r, b / 8, 0)], self.m[rows16::k4_at(self.nbp, r, b / 8, 1)]);
-                dw[b] = f(sd) * (pair & 0xFF) as f32;
-                mu[b] = -f(smin) * (pair >> 8) as f32;
+                let (sd, smin) = self.super_d_dmin(r, b / 8);
+                dw[b] = sd * (pair & 0xFF) as f32;
+                mu[b] = -smin * (pair >> 8) as f32;
             }
             return;
         }
@@ -381,26 +393,26 @@ impl Packed {
             let i = self.scale_at(r, b);
             let d = half::f16::from_bits(self.d[i]).to_f32();
             dw[b] = d;
-            mu[b] = match self.kind {
-                Kind::Q4_0 => -8.0 * d,
-                Kind::Q5_0 => -16.0 * d,
-                Kind::Q8_0 => -128.0 * d,
-                Kind::Q4_1 | Kind::Q5K | Kind::Q5_1 => half::f16::from_bits(self.m[i]).to_f32(),
-                Kind::Q6K | Kind::Q3K | Kind::Q2K => unreachable!("scales that change every 16 codes: half_scales"),
-                Kind::Q4K => unreachable!("Q4_K's scales are formed above"),
+            mu[b] = match self.kind.code_offset() {
+                Some(k) => -k * d,
+                None => half::f16::from_bits(self.m[i]).to_f32(),
             };
         }
+    }
+
+    /// Row r's super-block sb `d` and `dmin` as f32 ([`Kind::super_scales`] kinds).
+    fn super_d_dmin(&self, r: usize, sb: usize) -> (f32, f32) {
+        let f = |which: usize| half::f16::from_bits(self.m[rows16::k4_at(self.nbp, r, sb, which)]).to_f32();
+        (f(0), f(1))
     }
 
     /// [`Packed::row_scales`] per half block (`2·nbp` each): the same scale and offset twice for
     /// the kinds with one scale a block, Q6_K's two.
     pub(crate) fn half_scales(&self, r: usize, dw: &mut [f32], mu: &mut [f32]) {
         if self.kind == Kind::Q2K {
-            let f = |bits: u16| half::f16::from_bits(bits).to_f32();
             for b in 0..self.nbp {
                 let pair = self.d[self.scale_at(r, b)];
-                let (sd, smin) =
-                    (f(self.m[rows16::k4_at(self.nbp, r, b / 8, 0)]), f(self.m[rows16::k4_at(self.nbp, r, b / 8, 1)]));
+                let (sd, smin) = self.super_d_dmin(r, b / 8);
                 for h in 0..2 {
                     let byte = (pair >> (8 * h)) & 0xFF;
                     dw[2 * b + h] = sd * (byte & 0xF) as f32;
@@ -423,7 +435,7 @@ impl Packed {
             let i = self.scale_at(r, b);
             for (h, bits) in [self.d[i], self.m[i]].into_iter().enumerate() {
                 dw[2 * b + h] = half::f16::from_bits(bits).to_f32();
-                mu[2 * b + h] = if self.kind == Kind::Q3K { -4.0 } else { -32.0 } * dw[2 * b + h];
+                mu[2 * b + h] = -self.kind.code_offset().expect("Q6_K and Q3_K have an offset") * dw[2 * b + h];
             }
         }
     }

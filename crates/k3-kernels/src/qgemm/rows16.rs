@@ -286,10 +286,8 @@ enum Scaling {
 impl Scaling {
     fn of(kind: Kind) -> Scaling {
         match kind {
-            Kind::Q4_0 => Scaling::Offset(-8.0),
-            Kind::Q5_0 => Scaling::Offset(-16.0),
-            Kind::Q6K => Scaling::Halves(-32.0),
-            Kind::Q3K => Scaling::Halves(-4.0),
+            Kind::Q4_0 | Kind::Q5_0 => Scaling::Offset(-kind.code_offset().expect("an offset kind")),
+            Kind::Q6K | Kind::Q3K => Scaling::Halves(-kind.code_offset().expect("an offset kind")),
             Kind::Q4_1 | Kind::Q5K | Kind::Q5_1 => Scaling::Min,
             Kind::Q4K => Scaling::SuperMin,
             Kind::Q2K => Scaling::SuperMinHalves,
