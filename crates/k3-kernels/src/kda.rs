@@ -496,7 +496,55 @@ struct ChunkScratch {
 /// The first split cannot overflow, and a factor underflows only where the product is below f32's
 /// range anyway. The second is used only while the sub-chunk's span G_b0 − G_{b1−1} ≤ 150 in
 /// every channel (always, under a lower-bound gate of −5); past it that block takes exp per pair.
+///
+/// Its element-wise loops (the decays, gathers and scalings, about half its time) are compiled
+/// twice: for the baseline and, taken where the CPU has them, for AVX2 + FMA. Rust never fuses a
+/// multiply and an add on its own, so both give the same bits.
+#[allow(clippy::too_many_arguments)]
 fn chunk_head_fast(
+    put: &mut dyn FnMut(usize, &[f32]),
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    st: &mut [f32],
+    at: (usize, usize, usize),
+    kd: usize,
+    vd: usize,
+    chunk: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::qgemm::Isa::best() >= crate::qgemm::Isa::Avx2 {
+        /// # Safety
+        /// The CPU must support AVX2 and FMA.
+        #[target_feature(enable = "avx2,fma")]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn avx2(
+            put: &mut dyn FnMut(usize, &[f32]),
+            q: &[f32],
+            k: &[f32],
+            v: &[f32],
+            g: &[f32],
+            beta: &[f32],
+            st: &mut [f32],
+            at: (usize, usize, usize),
+            kd: usize,
+            vd: usize,
+            chunk: usize,
+        ) {
+            chunk_head_body(put, q, k, v, g, beta, st, at, kd, vd, chunk)
+        }
+        // SAFETY: Isa::Avx2 is only chosen where the CPU has AVX2 and FMA.
+        return unsafe { avx2(put, q, k, v, g, beta, st, at, kd, vd, chunk) };
+    }
+    chunk_head_body(put, q, k, v, g, beta, st, at, kd, vd, chunk)
+}
+
+/// [`chunk_head_fast`]'s body, inlined into each of its compilations.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn chunk_head_body(
     put: &mut dyn FnMut(usize, &[f32]),
     q: &[f32],
     k: &[f32],
@@ -645,11 +693,17 @@ fn chunk_head_fast(
         }
         // S ← e^{G_last} ⊙ S + (K ⊙ e^{G_last − G})ᵀ V'
         let gl = (l - 1) * kd;
+        // The decayed keys row by row (vectorised), in qg's space, then transposed.
+        for c in 0..l {
+            for i in 0..kd {
+                z.qg[c * kd + i] = z.ks[c * kd + i] * exp_fast(z.gc[gl + i] - z.gc[c * kd + i]);
+            }
+        }
         for i in 0..kd {
             let a = exp_fast(z.gc[gl + i]);
             st[i * vd..(i + 1) * vd].iter_mut().for_each(|x| *x *= a);
             for c in 0..l {
-                z.kdt[i * l + c] = z.ks[c * kd + i] * exp_fast(z.gc[gl + i] - z.gc[c * kd + i]);
+                z.kdt[i * l + c] = z.qg[c * kd + i];
             }
         }
         matmul_acc(st, &z.kdt[..kd * l], &z.u[..l * vd], kd, l, vd);

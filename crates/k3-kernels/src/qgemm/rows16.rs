@@ -249,20 +249,71 @@ unsafe fn gemm<const VNNI: bool>(w: &Packed, a: &QActs, lo: usize, hi: usize, ou
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn gemm_avx2(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat) {
     debug_assert!(w.layout == Layout::Rows16 && (lo.is_multiple_of(ROWS) || lo >= hi));
+    // (planes, scales per 16 codes)
+    let (planes, halves) = match w.kind {
+        Kind::Q8_0 => return gemm_avx2_q8(w, a, lo, hi, out),
+        Kind::Q4_0 | Kind::Q4_1 | Kind::Q4K => (0, false),
+        Kind::Q3K | Kind::Q2K => (0, true),
+        Kind::Q5_0 | Kind::Q5K | Kind::Q5_1 => (1, false),
+        Kind::Q6K => (2, true),
+    };
+    macro_rules! run {
+        ($p:literal, $h:literal, $u:literal, $codes:expr, $lo:expr, $hi:expr) => {
+            super::tiles($lo, $hi, a.t, ROWS, 2, |r0, valid, t0, c| {
+                let args = (w, a, r0, t0, valid, r0 - lo, out);
+                if c == 2 {
+                    avx2::tile::<2, $p, $h, $u>(args, $codes)
+                } else {
+                    avx2::tile::<1, $p, $h, $u>(args, $codes)
+                }
+            })
+        };
+    }
+    macro_rules! each_kind {
+        ($u:literal, $codes:expr, $lo:expr, $hi:expr) => {
+            match (planes, halves) {
+                (0, false) => run!(0, false, $u, $codes, $lo, $hi),
+                (0, true) => run!(0, true, $u, $codes, $lo, $hi),
+                (1, _) => run!(1, false, $u, $codes, $lo, $hi),
+                _ => run!(2, true, $u, $codes, $lo, $hi),
+            }
+        };
+    }
+    if a.t < UNPACK_MIN_TOKENS {
+        return each_kind!(false, std::ptr::null(), lo, hi);
+    }
+    // Prefill: each group's codes are unpacked once into bytes (planes included), which every
+    // token pair's tile then loads as they are.
+    let mut codes = vec![std::arch::x86_64::_mm256_setzero_si256(); w.nbp * avx2::UNPACKED_PER_BLOCK];
+    for g0 in (lo..hi).step_by(ROWS) {
+        match planes {
+            0 => avx2::unpack_group::<0>(w, g0, &mut codes),
+            1 => avx2::unpack_group::<1>(w, g0, &mut codes),
+            _ => avx2::unpack_group::<2>(w, g0, &mut codes),
+        }
+        let p = codes.as_ptr();
+        each_kind!(true, p, g0, (g0 + ROWS).min(hi));
+    }
+}
+
+/// Tokens from which [`gemm_avx2`] unpacks each row group's codes before its tiles: the unpacking
+/// costs about a third of one token pair's pass over the group, and saves a quarter of each.
+#[cfg(target_arch = "x86_64")]
+const UNPACK_MIN_TOKENS: usize = 4;
+
+/// [`gemm_avx2`] for Q8_0's byte codes.
+///
+/// # Safety
+/// As [`gemm_avx2`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn gemm_avx2_q8(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat) {
     super::tiles(lo, hi, a.t, ROWS, 2, |r0, valid, t0, c| {
         let args = (w, a, r0, t0, valid, r0 - lo, out);
-        // (tokens, planes, scales per 16 codes)
-        match (w.kind, c) {
-            (Kind::Q8_0, 2) => avx2::tile_q8::<2>(args),
-            (Kind::Q8_0, _) => avx2::tile_q8::<1>(args),
-            (Kind::Q4_0 | Kind::Q4_1 | Kind::Q4K, 2) => avx2::tile::<2, 0, false>(args),
-            (Kind::Q4_0 | Kind::Q4_1 | Kind::Q4K, _) => avx2::tile::<1, 0, false>(args),
-            (Kind::Q3K | Kind::Q2K, 2) => avx2::tile::<2, 0, true>(args),
-            (Kind::Q3K | Kind::Q2K, _) => avx2::tile::<1, 0, true>(args),
-            (Kind::Q5_0 | Kind::Q5K | Kind::Q5_1, 2) => avx2::tile::<2, 1, false>(args),
-            (Kind::Q5_0 | Kind::Q5K | Kind::Q5_1, _) => avx2::tile::<1, 1, false>(args),
-            (Kind::Q6K, 2) => avx2::tile::<2, 2, true>(args),
-            (Kind::Q6K, _) => avx2::tile::<1, 2, true>(args),
+        if c == 2 {
+            avx2::tile_q8::<2>(args)
+        } else {
+            avx2::tile_q8::<1>(args)
         }
     });
 }
@@ -326,13 +377,54 @@ mod avx2 {
         _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, sel), sel), bit)
     }
 
+    /// Group j's (and j + 4's) codes of one block as bytes, rows 0–7 and 8–15: codes 4j..4j + 4
+    /// of each row, and codes 16 + 4j..16 + 4j + 4, their P high bits added from the planes.
+    #[inline(always)]
+    unsafe fn codes<const P: usize>(qb: *const u8, j: usize, nib: __m256i) -> ([__m256i; 2], [__m256i; 2]) {
+        let planes = qb.add(GROUP_BLOCK) as *const u32;
+        let v: [__m256i; 2] = std::array::from_fn(|h| _mm256_loadu_si256(qb.add(j * 64 + 32 * h) as *const _));
+        let mut lo4 = v.map(|v| _mm256_and_si256(v, nib));
+        let mut hi4 = v.map(|v| _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib));
+        for p in 0..P {
+            let bit = _mm256_set1_epi8(16 << p);
+            for h in 0..2 {
+                // Group j's and j + 4's masks, rows 8h..8h + 8.
+                let (ml, mh) = (planes.add(2 * (j * P + p) + h), planes.add(2 * ((4 + j) * P + p) + h));
+                lo4[h] = _mm256_or_si256(lo4[h], plane_bytes(ml.read_unaligned(), bit));
+                hi4[h] = _mm256_or_si256(hi4[h], plane_bytes(mh.read_unaligned(), bit));
+            }
+        }
+        (lo4, hi4)
+    }
+
+    /// Registers a block of one row group takes unpacked: per group j, its [`codes`].
+    pub(super) const UNPACKED_PER_BLOCK: usize = 16;
+
+    /// Row group r0 / 16's codes, every block, unpacked by [`codes`] into `out`
+    /// ([`UNPACKED_PER_BLOCK`] registers a block), for [`tile`] with `U`.
+    #[inline(always)]
+    pub(super) unsafe fn unpack_group<const P: usize>(w: &super::Packed, r0: usize, out: &mut [__m256i]) {
+        let q = w.qs.as_ptr().add(r0 / ROWS * w.nbp * super::group_block(w.kind));
+        let nib = _mm256_set1_epi8(0x0F);
+        for (b, out) in out.chunks_exact_mut(UNPACKED_PER_BLOCK).enumerate().take(w.nbp) {
+            let qb = q.add(b * (GROUP_BLOCK + P * PLANE));
+            for j in 0..4 {
+                let (lo4, hi4) = codes::<P>(qb, j, nib);
+                for (k, v) in [lo4[0], lo4[1], hi4[0], hi4[1]].into_iter().enumerate() {
+                    _mm256_store_si256(&mut out[4 * j + k], v);
+                }
+            }
+        }
+    }
+
     /// The nibble kinds with P high-bit planes: [`super::x86::tile`] without VNNI, on two halves.
     /// Q4 sums its eight group products in 16-bit lanes (with `H`, the kinds whose scales change
     /// every 16 codes, codes 0..16 and 16..32 in their own sets); with planes the codes reach 63,
     /// so each product is widened to 32 bits, codes 0..16 and 16..32 in their own sets.
     #[inline(always)]
-    pub(super) unsafe fn tile<const C: usize, const P: usize, const H: bool>(
+    pub(super) unsafe fn tile<const C: usize, const P: usize, const H: bool, const U: bool>(
         (w, a, r0, t0, valid, orow, out): TileArgs,
+        unpacked: *const __m256i,
     ) {
         let ops = Operands::<C>::new(w, a, r0, t0);
         let Operands { n, d, m, xq, dx, sx, .. } = ops;
@@ -342,22 +434,18 @@ mod avx2 {
         // Q4_K, Q2_K: the current super-block's d (rows 0–7, 8–15) and −dmin (the same).
         let mut sup = [_mm256_setzero_ps(); 4];
         for b in 0..n {
-            let qb = ops.block(b, GROUP_BLOCK + P * PLANE);
-            let planes = qb.add(GROUP_BLOCK) as *const u32;
+            let qb = if U { std::ptr::null() } else { ops.block(b, GROUP_BLOCK + P * PLANE) };
             let (mut isum, mut isum2) = ([[_mm256_setzero_si256(); 2]; C], [[_mm256_setzero_si256(); 2]; C]);
             for j in 0..4 {
-                let v: [__m256i; 2] = std::array::from_fn(|h| _mm256_loadu_si256(qb.add(j * 64 + 32 * h) as *const _));
-                let mut lo4 = v.map(|v| _mm256_and_si256(v, nib)); // codes 4j..4j+4 of each row
-                let mut hi4 = v.map(|v| _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib)); // codes 16+4j..
-                for p in 0..P {
-                    let bit = _mm256_set1_epi8(16 << p);
-                    for h in 0..2 {
-                        // Group j's and j + 4's masks, rows 8h..8h + 8.
-                        let (ml, mh) = (planes.add(2 * (j * P + p) + h), planes.add(2 * ((4 + j) * P + p) + h));
-                        lo4[h] = _mm256_or_si256(lo4[h], plane_bytes(ml.read_unaligned(), bit));
-                        hi4[h] = _mm256_or_si256(hi4[h], plane_bytes(mh.read_unaligned(), bit));
-                    }
-                }
+                let (lo4, hi4) = if U {
+                    let u = unpacked.add((b * 4 + j) * 4);
+                    (
+                        [_mm256_load_si256(u), _mm256_load_si256(u.add(1))],
+                        [_mm256_load_si256(u.add(2)), _mm256_load_si256(u.add(3))],
+                    )
+                } else {
+                    codes::<P>(qb, j, nib)
+                };
                 for c in 0..C {
                     let xa = _mm256_set1_epi32((xq[c].add(b * BLOCK + 4 * j) as *const i32).read_unaligned());
                     let xb = _mm256_set1_epi32((xq[c].add(b * BLOCK + 16 + 4 * j) as *const i32).read_unaligned());
