@@ -287,17 +287,8 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
     if longest > model.n_ctx {
         bail!("the benchmark needs {longest} tokens of context, the model allows {}", model.n_ctx);
     }
-    // Deterministic pseudo-random ids (the same for both engines), away from special tokens.
-    let v = model.vocab_size() as u64;
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    let ids: Vec<u32> = (0..longest)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (100 + x % (v - 200)) as u32
-        })
-        .collect();
+    // The same ids for both engines.
+    let ids = k3_infer::bench_ids(longest, model.vocab_size());
     let ids_file = std::env::temp_dir().join(format!("k3mini-bench-ids-{}.txt", std::process::id()));
     std::fs::write(&ids_file, ids.iter().map(u32::to_string).collect::<Vec<_>>().join(","))?;
     let weight_bytes = weight_bytes_per_token(&a.model)?;

@@ -28,16 +28,7 @@ fn main() {
         }
     };
     model.compute = Compute { threads, exact: false };
-    let v = model.vocab_size() as u64;
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    let ids: Vec<u32> = (0..tokens)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (100 + x % (v - 200)) as u32
-        })
-        .collect();
+    let ids = k3_infer::bench_ids(tokens, model.vocab_size());
     for _ in 0..repeat {
         let mut st = model.new_state();
         let t0 = Instant::now();

@@ -63,3 +63,35 @@ pub fn keep_freed_buffers() {
         }
     }
 }
+
+/// n deterministic pseudo-random token ids (xorshift), away from the first and last 100 of a
+/// `vocab`-sized vocabulary where special tokens sit (anywhere in a vocabulary of 200 or fewer):
+/// the benchmarks' input, the same for every engine and run.
+pub fn bench_ids(n: usize, vocab: usize) -> Vec<u32> {
+    let (lo, span) = if vocab > 200 { (100, vocab as u64 - 200) } else { (0, vocab.max(1) as u64) };
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (lo + x % span) as u32
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn bench_ids_stay_inside_the_vocabulary_and_repeat() {
+        for vocab in [1usize, 50, 200, 201, 32000] {
+            let ids = super::bench_ids(1000, vocab);
+            assert!(ids.iter().all(|&i| (i as usize) < vocab), "vocab {vocab}");
+            if vocab > 200 {
+                assert!(ids.iter().all(|&i| (100..vocab as u32 - 100).contains(&i)), "vocab {vocab}");
+            }
+            assert_eq!(ids, super::bench_ids(1000, vocab));
+        }
+        assert!(super::bench_ids(1000, 32000).windows(2).any(|w| w[0] != w[1]));
+    }
+}

@@ -366,13 +366,14 @@ pub fn kda_chunk_parallel(
     threads: usize,
 ) {
     let t = beta.len() / h;
+    let inputs = HeadInputs { q, k, v, g, beta, t, h, kd, vd, chunk };
     let (sp, op) = (crate::attention::OutPtr(s.as_mut_ptr()), crate::attention::OutPtr(o.as_mut_ptr()));
     crate::threads::Pool::global().run(threads.max(1).min(h), h, &|hh| {
         // SAFETY: head hh owns state rows [hh·K·V, (hh+1)·K·V) and, at every position c, the
         // output row [(c·H + hh)·V, (c·H + hh + 1)·V); no two tasks share an element.
         let st = unsafe { sp.slice(hh * kd * vd, kd * vd) };
         let mut put = |c: usize, row: &[f32]| unsafe { op.slice((c * h + hh) * vd, vd) }.copy_from_slice(row);
-        chunk_head_fast(&mut put, q, k, v, g, beta, st, (t, h, hh), kd, vd, chunk);
+        chunk_head_fast(&mut put, &inputs, st, hh);
     });
 }
 
@@ -500,63 +501,40 @@ struct ChunkScratch {
 /// Its element-wise loops (the decays, gathers and scalings, about half its time) are compiled
 /// twice: for the baseline and, taken where the CPU has them, for AVX2 + FMA. Rust never fuses a
 /// multiply and an add on its own, so both give the same bits.
-#[allow(clippy::too_many_arguments)]
-fn chunk_head_fast(
-    put: &mut dyn FnMut(usize, &[f32]),
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    g: &[f32],
-    beta: &[f32],
-    st: &mut [f32],
-    at: (usize, usize, usize),
-    kd: usize,
-    vd: usize,
-    chunk: usize,
-) {
+fn chunk_head_fast(put: &mut dyn FnMut(usize, &[f32]), x: &HeadInputs, st: &mut [f32], hh: usize) {
     #[cfg(target_arch = "x86_64")]
     if crate::qgemm::Isa::best() >= crate::qgemm::Isa::Avx2 {
         /// # Safety
         /// The CPU must support AVX2 and FMA.
         #[target_feature(enable = "avx2,fma")]
-        #[allow(clippy::too_many_arguments)]
-        unsafe fn avx2(
-            put: &mut dyn FnMut(usize, &[f32]),
-            q: &[f32],
-            k: &[f32],
-            v: &[f32],
-            g: &[f32],
-            beta: &[f32],
-            st: &mut [f32],
-            at: (usize, usize, usize),
-            kd: usize,
-            vd: usize,
-            chunk: usize,
-        ) {
-            chunk_head_body(put, q, k, v, g, beta, st, at, kd, vd, chunk)
+        unsafe fn avx2(put: &mut dyn FnMut(usize, &[f32]), x: &HeadInputs, st: &mut [f32], hh: usize) {
+            chunk_head_body(put, x, st, hh)
         }
         // SAFETY: Isa::Avx2 is only chosen where the CPU has AVX2 and FMA.
-        return unsafe { avx2(put, q, k, v, g, beta, st, at, kd, vd, chunk) };
+        return unsafe { avx2(put, x, st, hh) };
     }
-    chunk_head_body(put, q, k, v, g, beta, st, at, kd, vd, chunk)
+    chunk_head_body(put, x, st, hh)
 }
 
-/// [`chunk_head_fast`]'s body, inlined into each of its compilations.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn chunk_head_body(
-    put: &mut dyn FnMut(usize, &[f32]),
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    g: &[f32],
-    beta: &[f32],
-    st: &mut [f32],
-    (t, h, hh): (usize, usize, usize),
+/// What every head of [`kda_chunk_parallel`] reads: q, k, g: [T, H, K]; v: [T, H, V]; beta: [T, H].
+#[derive(Clone, Copy)]
+struct HeadInputs<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    g: &'a [f32],
+    beta: &'a [f32],
+    t: usize,
+    h: usize,
     kd: usize,
     vd: usize,
     chunk: usize,
-) {
+}
+
+/// [`chunk_head_fast`]'s body for head hh, inlined into each of its compilations.
+#[inline(always)]
+fn chunk_head_body(put: &mut dyn FnMut(usize, &[f32]), x: &HeadInputs, st: &mut [f32], hh: usize) {
+    let HeadInputs { q, k, v, g, beta, t, h, kd, vd, chunk } = *x;
     use crate::ops::{dot, exp_fast, matmul_acc};
     let scale = 1.0 / (kd as f32).sqrt();
     let n = chunk;
