@@ -4,12 +4,6 @@
 //!
 //!   cargo run --release -p k3-kernels --example kda_chunk_speed [T] [THREADS]
 use k3_kernels::kda::{kda_chunk_parallel, kda_recurrent_ref};
-use std::time::Instant;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 fn main() {
     let arg = |i: usize, d: usize| std::env::args().nth(i).and_then(|s| s.parse().ok()).unwrap_or(d);
@@ -23,17 +17,7 @@ fn main() {
     let g: Vec<f32> = (0..t * h * kd).map(|_| -0.05 * rng.uniform()).collect();
     let beta: Vec<f32> = (0..t * h).map(|_| rng.uniform()).collect();
     let mut o = vec![0f32; t * h * vd];
-    let time = |f: &mut dyn FnMut()| {
-        median(
-            (0..7)
-                .map(|_| {
-                    let t0 = Instant::now();
-                    f();
-                    t0.elapsed().as_secs_f64()
-                })
-                .collect(),
-        )
-    };
+    let time = |f: &mut dyn FnMut()| k3_kernels::testing::median_secs(7, f);
     let chunked = time(&mut || {
         let mut s = vec![0f32; h * kd * vd];
         kda_chunk_parallel(&mut o, &q, &k, &v, &g, &beta, &mut s, h, kd, vd, chunk, threads);

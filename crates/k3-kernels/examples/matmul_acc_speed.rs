@@ -7,14 +7,8 @@
 //! median of 7.
 //!
 //!   cargo run --release -p k3-kernels --example matmul_acc_speed
-use std::time::Instant;
 
 use k3_kernels::simd::matmul_acc_strided;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 fn main() {
     let mut rng = k3_kernels::testing::Rng::new(2);
@@ -26,17 +20,7 @@ fn main() {
         let p = rng.normals(m * s, 0.1);
         let mut sc = vec![0f32; m * s];
         let mut o = vec![0f32; m * dv];
-        let time = |f: &mut dyn FnMut()| {
-            median(
-                (0..7)
-                    .map(|_| {
-                        let t0 = Instant::now();
-                        f();
-                        t0.elapsed().as_secs_f64()
-                    })
-                    .collect(),
-            )
-        };
+        let time = |f: &mut dyn FnMut()| k3_kernels::testing::median_secs(7, f);
         let qk = time(&mut || {
             for j0 in (0..s).step_by(512) {
                 let nb = 512.min(s - j0);

@@ -68,3 +68,16 @@ impl Rng {
         (0..n).map(|_| self.normal() * scale).collect()
     }
 }
+
+/// Median wall time of `rounds` calls of `f`, in seconds (the speed examples' timer).
+pub fn median_secs(rounds: usize, f: &mut dyn FnMut()) -> f64 {
+    let mut v: Vec<f64> = (0..rounds.max(1))
+        .map(|_| {
+            let t0 = std::time::Instant::now();
+            f();
+            t0.elapsed().as_secs_f64()
+        })
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
