@@ -407,7 +407,7 @@ mod avx2 {
         let q = w.qs.as_ptr().add(r0 / ROWS * w.nbp * super::group_block(w.kind));
         let nib = _mm256_set1_epi8(0x0F);
         for (b, out) in out.chunks_exact_mut(UNPACKED_PER_BLOCK).enumerate().take(w.nbp) {
-            let qb = q.add(b * (GROUP_BLOCK + P * PLANE));
+            let qb = q.add(b * super::group_block(w.kind));
             for j in 0..4 {
                 let (lo4, hi4) = codes::<P>(qb, j, nib);
                 for (k, v) in [lo4[0], lo4[1], hi4[0], hi4[1]].into_iter().enumerate() {
@@ -420,7 +420,8 @@ mod avx2 {
     /// The nibble kinds with P high-bit planes: [`super::x86::tile`] without VNNI, on two halves.
     /// Q4 sums its eight group products in 16-bit lanes (with `H`, the kinds whose scales change
     /// every 16 codes, codes 0..16 and 16..32 in their own sets); with planes the codes reach 63,
-    /// so each product is widened to 32 bits, codes 0..16 and 16..32 in their own sets.
+    /// so each product is widened to 32 bits, codes 0..16 and 16..32 in their own sets. With `U`
+    /// the codes come unpacked from `unpacked` ([`unpack_group`]'s bytes for this row group).
     #[inline(always)]
     pub(super) unsafe fn tile<const C: usize, const P: usize, const H: bool, const U: bool>(
         (w, a, r0, t0, valid, orow, out): TileArgs,
