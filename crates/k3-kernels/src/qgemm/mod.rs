@@ -214,7 +214,8 @@ impl Kind {
         }
     }
 
-    /// Entries of `m` per row: one a block, or for Q4_K two (`d`, `dmin`) a super-block of 8.
+    /// Entries of `m` per row: one a block, or for the [`Kind::super_scales`] kinds two (`d`,
+    /// `dmin`) a super-block of 8.
     pub(crate) fn m_per_row(self, nbp: usize) -> usize {
         if self.super_scales() {
             nbp / 4

@@ -3,7 +3,7 @@
 
 use super::{rows16, rows16_simd, Kind, Layout, Packed, BLOCK};
 use crate::quant::k_quants::{q4_k_codes, q5_k_blocks, q6_k_halves, scale_min_k4, Q4K_BYTES, Q5K_BYTES, Q6K_BYTES, QK};
-use crate::quant::k_quants_low::{q2_k_codes, q3_k_halves, Q2K_BYTES, Q3K_BYTES};
+use crate::quant::k_quants_low::{q2_k_codes, q2_k_d_dmin_bits, q3_k_halves, Q2K_BYTES, Q3K_BYTES};
 use crate::quant::GgmlType;
 
 /// One K-quant super-block as the 16-row tiles take it: 256 codes as stored, its eight 32-code
@@ -43,8 +43,7 @@ fn q3_k_super_block(blk: &[u8]) -> Option<SuperBlock> {
 fn q2_k_super_block(blk: &[u8]) -> Option<SuperBlock> {
     let (q, _, _, sc) = q2_k_codes(blk);
     let mut m = [0u16; 8];
-    m[0] = u16::from_le_bytes([blk[80], blk[81]]);
-    m[1] = u16::from_le_bytes([blk[82], blk[83]]);
+    m[..2].copy_from_slice(&q2_k_d_dmin_bits(blk));
     Some((q, std::array::from_fn(|j| u16::from_le_bytes([sc[2 * j], sc[2 * j + 1]])), m))
 }
 

@@ -8,7 +8,7 @@ use super::{offset_term, OutMat, Packed, QActs, BLOCK};
 /// `out` must be valid for rows 0..hi − lo and tokens 0..T.
 pub unsafe fn gemm(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat) {
     let n = w.nbp;
-    // Codes per scale: a block, or Q6_K's half block.
+    // Codes per scale: a block, or half a block for the kinds whose scales change every 16 codes.
     let (units, per) = if w.kind.per_half() { (2 * n, BLOCK / 2) } else { (n, BLOCK) };
     let (mut dw, mut mu) = (vec![0f32; units], vec![0f32; units]);
     let mut codes = vec![0u8; n * BLOCK];

@@ -358,15 +358,10 @@ pub fn quantize_q6_k(x: &[f32]) -> Vec<u8> {
     for blk in x.chunks_exact(QK) {
         let mut l = [0u8; QK];
         let mut scales = [0f32; 16];
-        let (mut max_scale, mut max_abs) = (0f32, 0f32);
         for ib in 0..16 {
-            let s = make_qx(&blk[16 * ib..16 * (ib + 1)], 32, &mut l[16 * ib..16 * (ib + 1)]);
-            scales[ib] = s;
-            if s.abs() > max_abs {
-                max_abs = s.abs();
-                max_scale = s;
-            }
+            scales[ib] = make_qx(&blk[16 * ib..16 * (ib + 1)], 32, &mut l[16 * ib..16 * (ib + 1)]);
         }
+        let (max_abs, max_scale) = super::abs_max(&scales);
         let mut ql = [0u8; 128];
         let mut qh = [0u8; 64];
         let mut sc = [0i8; 16];

@@ -50,7 +50,7 @@ pub fn quantize_q2_k(x: &[f32]) -> Vec<u8> {
         let (mut scales, mut mins) = ([0f32; 16], [0f32; 16]);
         for s in 0..16 {
             let xs = &blk[16 * s..16 * (s + 1)];
-            let w: Vec<f32> = xs.iter().map(|v| v.abs()).collect();
+            let w: [f32; 16] = std::array::from_fn(|i| xs[i].abs());
             (scales[s], mins[s]) = make_qkx2(xs, &w, 3, &mut l[16 * s..16 * (s + 1)], (-0.5, 0.1, 15), true);
         }
         let max_scale = scales.iter().fold(0f32, |a, &b| if b > a { b } else { a });
@@ -93,7 +93,13 @@ pub fn quantize_q2_k(x: &[f32]) -> Vec<u8> {
 
 /// One Q2_K block's codes (0..3, element order), d, dmin and 16 scale-and-min bytes.
 pub fn q2_k_codes(blk: &[u8]) -> ([u8; QK], f32, f32, &[u8]) {
-    (low_bits(&blk[16..80]), f16_at(&blk[80..82]), f16_at(&blk[82..84]), &blk[0..16])
+    let [d, dmin] = q2_k_d_dmin_bits(blk).map(|b| half::f16::from_bits(b).to_f32());
+    (low_bits(&blk[16..80]), d, dmin, &blk[0..16])
+}
+
+/// One Q2_K block's f16 `d` and `dmin`, as stored.
+pub fn q2_k_d_dmin_bits(blk: &[u8]) -> [u16; 2] {
+    [u16::from_le_bytes([blk[80], blk[81]]), u16::from_le_bytes([blk[82], blk[83]])]
 }
 
 pub fn dequantize_q2_k(b: &[u8], out: &mut [f32]) {
@@ -186,14 +192,10 @@ pub fn quantize_q3_k(x: &[f32]) -> Vec<u8> {
     for blk in x.chunks_exact(QK) {
         let mut l = [0i8; QK];
         let mut scales = [0f32; 16];
-        let (mut amax, mut max_scale) = (0f32, 0f32);
         for s in 0..16 {
             scales[s] = make_q3(&blk[16 * s..16 * (s + 1)], 4, &mut l[16 * s..16 * (s + 1)]);
-            if scales[s].abs() > amax {
-                amax = scales[s].abs();
-                max_scale = scales[s];
-            }
         }
+        let (_, max_scale) = super::abs_max(&scales);
         let mut sc = [0u8; 12];
         let mut d = f16_le(0.0);
         if max_scale != 0.0 {

@@ -14,7 +14,6 @@ pub mod q5_0;
 pub mod q5_1;
 pub mod q8_0;
 
-/// The ggml tensor types K3-Mini reads and writes. Ids are ggml's.
 /// The largest |x| and the signed value that has it (the first, on ties), as ggml's quantizers
 /// find them.
 pub(crate) fn abs_max(x: &[f32]) -> (f32, f32) {
@@ -28,6 +27,7 @@ pub(crate) fn abs_max(x: &[f32]) -> (f32, f32) {
     (amax, max)
 }
 
+/// The ggml tensor types K3-Mini reads and writes. Ids are ggml's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[allow(non_camel_case_types)] // ggml's names
 pub enum GgmlType {
