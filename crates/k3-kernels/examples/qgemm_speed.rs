@@ -3,10 +3,10 @@ use k3_kernels::quant::GgmlType;
 use std::time::Instant;
 fn main() {
     let mut rng = k3_kernels::testing::Rng::new(1);
-    // ROWS COLS [TYPE [ISA [REPEAT]]] (default 2816 1024, 1.6 MB of Q4_0: streams from L3/memory);
+    // ROWS COLS [TYPE [ISA [REPEAT [TOKENS]]]] (default 2816 1024, 1.6 MB of Q4_0: streams from L3/memory);
     // 256 1024 stays in L2 and shows the kernel's own speed. TYPE (e.g. q4_0) and ISA (e.g. avx2)
     // keep only that type / path and skip the K-quant row-dot comparison at the end, REPEAT scales
-    // the loop counts (for a profiler).
+    // the loop counts (for a profiler), TOKENS (default 64) is the prefill product's T.
     let arg = |i: usize, d: usize| std::env::args().nth(i).and_then(|s| s.parse().ok()).unwrap_or(d);
     let (rows, cols) = (arg(1, 2816), arg(2, 1024));
     let only =
@@ -19,12 +19,12 @@ fn main() {
         let w = rng.normals(rows * cols, 0.4);
         let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
         let p = Packed::pack(ty, rows, cols, &data).expect("a packable type");
-        for t in [1usize, 64] {
+        for t in [1usize, arg(6, 64)] {
             let x = rng.normals(t * cols, 1.0);
             let a = QActs::quantize(&x, t, cols);
             for isa in Isa::available().into_iter().filter(|i| only(4, i.name())) {
                 let mut out = vec![0f32; rows * t];
-                let n = repeat * if t == 1 { 200 * 2816 / rows.min(2816) } else { 5 };
+                let n = repeat * if t == 1 { 200 * 2816 / rows.min(2816) } else { (5 * 64 / t).max(1) };
                 let t0 = Instant::now();
                 for _ in 0..n {
                     gemm_rows(isa, &p, &a, 0, rows, &mut out);

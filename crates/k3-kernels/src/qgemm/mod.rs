@@ -472,11 +472,11 @@ impl OutMat {
     }
 }
 
-/// Walk `lo..hi` × tokens in tiles of at most `R × C`, calling `tile(o0, r, t0, c)`.
+/// Walk `lo..hi` × tokens `tokens` in tiles of at most `R × C`, calling `tile(o0, r, t0, c)`.
 pub(crate) fn tiles(
     lo: usize,
     hi: usize,
-    t: usize,
+    tokens: std::ops::Range<usize>,
     rmax: usize,
     cmax: usize,
     mut tile: impl FnMut(usize, usize, usize, usize),
@@ -484,9 +484,9 @@ pub(crate) fn tiles(
     let mut o0 = lo;
     while o0 < hi {
         let r = rmax.min(hi - o0);
-        let mut t0 = 0;
-        while t0 < t {
-            let c = cmax.min(t - t0);
+        let mut t0 = tokens.start;
+        while t0 < tokens.end {
+            let c = cmax.min(tokens.end - t0);
             tile(o0, r, t0, c);
             t0 += c;
         }

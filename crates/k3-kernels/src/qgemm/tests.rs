@@ -79,6 +79,31 @@ fn the_vectorisable_rounding_is_round_ties_even() {
 }
 
 /// Every path this CPU has, every tile shape remainder, against ggml's scalar references.
+/// A prefill longer than one of the unpacked path's token blocks (rows16::ACT_BLOCK_BYTES: 1 MiB
+/// of activation codes, 512 tokens of 2048 columns): every token is still computed, in its own
+/// place. A token skipped or written to another's place is off by its whole value, far outside
+/// the tolerance (which long rows need for the summation order of each path).
+#[test]
+fn long_prefills_cross_token_blocks() {
+    let mut rng = Rng::new(23);
+    let (rows, cols, t) = (32, 2048, 520);
+    let x = rng.normals(t * cols, 1.5);
+    let a = QActs::quantize(&x, t, cols);
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1] {
+        let w = rng.normals(rows * cols, 0.4);
+        let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
+        let want = gemm_ref(ty, &data, rows, cols, &x, t);
+        let p = Packed::pack_as(ty, rows, cols, &data, Layout::Rows16).expect("a 16-row type");
+        for isa in Isa::available() {
+            let mut got = vec![f32::NAN; rows * t];
+            gemm_rows(isa, &p, &a, 0, rows, &mut got);
+            for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                assert!((g - e).abs() <= 2e-3 * (1.0 + e.abs()), "{} {} elem {i}: {g} vs {e}", ty.name(), isa.name());
+            }
+        }
+    }
+}
+
 #[test]
 fn every_isa_matches_ggml_vec_dot() {
     eprintln!("paths on this CPU: {:?}", Isa::available());

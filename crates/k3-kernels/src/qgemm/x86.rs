@@ -245,7 +245,7 @@ unsafe fn tile512_any<const VNNI: bool>(
 /// 0..hi − lo and tokens 0..T.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
 pub unsafe fn gemm_avx512(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat) {
-    tiles(lo, hi, a.t, 4, 4, |o0, r, t0, c| tile512_any::<true>(w, a, (o0, r, t0, c), lo, out));
+    tiles(lo, hi, 0..a.t, 4, 4, |o0, r, t0, c| tile512_any::<true>(w, a, (o0, r, t0, c), lo, out));
 }
 
 /// AVX-512 without VNNI (Skylake-SP, Cascade Lake parts without it): vpmaddubsw + vpmaddwd.
@@ -254,7 +254,7 @@ pub unsafe fn gemm_avx512(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutM
 /// The CPU must support AVX-512 F/BW/VL, FMA and F16C; `out` as for [`gemm_avx512`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
 pub unsafe fn gemm_avx512bw(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat) {
-    tiles(lo, hi, a.t, 4, 4, |o0, r, t0, c| tile512_any::<false>(w, a, (o0, r, t0, c), lo, out));
+    tiles(lo, hi, 0..a.t, 4, 4, |o0, r, t0, c| tile512_any::<false>(w, a, (o0, r, t0, c), lo, out));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -355,7 +355,7 @@ pub unsafe fn gemm_avx2(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat
     const C: usize = 2;
     let mut sc = RowScales::new(w.nbp, R);
     let mut last_o0 = usize::MAX;
-    tiles(lo, hi, a.t, R, C, |o0, r, t0, c| {
+    tiles(lo, hi, 0..a.t, R, C, |o0, r, t0, c| {
         if o0 != last_o0 {
             sc.fill(w, o0, r);
             last_o0 = o0;
