@@ -184,7 +184,7 @@ struct ChunkScratch {
     akk: Vec<f32>, // [L, L] Σ_d k_c k_j e^{G_c−G_j}, c > j
     aqk: Vec<f32>, // [L, L] Σ_d q_c k_j e^{G_c−G_j}, c ≥ j
     u: Vec<f32>,   // [L, V]
-    w: Vec<f32>,   // [L, K]
+    w: Vec<f32>,   // [L, K] −K ⊙ e^G
     e: Vec<f32>,   // [max(K, L)] per-channel midpoints; forward-substitution coefficients
     qg: Vec<f32>,  // [L, K] q ⊙ e^G
     o: Vec<f32>,   // [L, V] outputs
@@ -345,29 +345,29 @@ fn chunk_head_body(put: &mut dyn FnMut(usize, &[f32]), x: &HeadInputs, st: &mut 
                 }
             }
         }
-        // U = (I+A)⁻¹(β⊙V), W = (I+A)⁻¹(β⊙K⊙e^G) by forward substitution: row c gets
-        // −β_c · A[c, :c] times the rows already solved.
+        // V' = U − W S with U = (I+A)⁻¹(β⊙V), W = (I+A)⁻¹(β⊙K⊙e^G) is (I+A)⁻¹ X with
+        // X = β ⊙ (V − (K⊙e^G) S): one product with S over the chunk, then a single forward
+        // substitution (row c gets −β_c · A[c, :c] times the rows already solved), which never
+        // forms W.
+        for i in 0..l * kd {
+            let e = exp_fast(z.gc[i]);
+            z.qg[i] = z.qs[i] * e;
+            z.w[i] = -z.ks[i] * e;
+        }
+        for c in 0..l {
+            z.u[c * vd..(c + 1) * vd].copy_from_slice(&v[row(start + c, vd)]);
+        }
+        matmul_acc(&mut z.u[..l * vd], &z.w[..l * kd], st, l, kd, vd);
         for c in 0..l {
             let b = beta[(start + c) * h + hh];
-            z.u[c * vd..(c + 1) * vd].iter_mut().zip(&v[row(start + c, vd)]).for_each(|(a, x)| *a = b * x);
-            for d in 0..kd {
-                z.w[c * kd + d] = b * z.ks[c * kd + d] * exp_fast(z.gc[c * kd + d]);
-            }
+            z.u[c * vd..(c + 1) * vd].iter_mut().for_each(|x| *x *= b);
             for i in 0..c {
                 z.e[i] = -b * z.akk[c * n + i];
             }
             let (u_done, u_c) = z.u.split_at_mut(c * vd);
-            let (w_done, w_c) = z.w.split_at_mut(c * kd);
             matmul_acc(&mut u_c[..vd], &z.e[..c], u_done, 1, c, vd);
-            matmul_acc(&mut w_c[..kd], &z.e[..c], w_done, 1, c, kd);
         }
-        // V' = U − W S
-        z.w[..l * kd].iter_mut().for_each(|x| *x = -*x);
-        matmul_acc(&mut z.u[..l * vd], &z.w[..l * kd], st, l, kd, vd);
         // O = (Q ⊙ e^G) S + Aqk V'
-        for i in 0..l * kd {
-            z.qg[i] = z.qs[i] * exp_fast(z.gc[i]);
-        }
         z.o[..l * vd].fill(0.0);
         matmul_acc(&mut z.o[..l * vd], &z.qg[..l * kd], st, l, kd, vd);
         matmul_acc(&mut z.o[..l * vd], &z.aqk[..l * l], &z.u[..l * vd], l, l, vd);
