@@ -209,10 +209,9 @@ fn measure(
     mut llama: Option<&mut Llama>,
 ) -> Result<Measured> {
     model.compute = Compute { threads, exact: false };
+    // A prompt as the engine takes it: one call, which runs passes of up to PREFILL_CHUNK tokens.
     let feed = |m: &Model, st: &mut k3_infer::SeqState, toks: &[u32]| -> Result<()> {
-        for c in toks.chunks(512) {
-            m.forward(c, st, Logits::Last)?;
-        }
+        m.forward(toks, st, Logits::Last)?;
         Ok(())
     };
     let mut prefill = Vec::new();
@@ -296,12 +295,14 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
     println!(
         "model {} ({:.1} MiB of weights read per decoded token), ids: {longest} pseudo-random, median of {} \
          repeats, the engines alternating (ratio: the median of the per-repeat ratios); \
-         our kernels: {} for prefill, {} for decode (K3MINI_ISA overrides)",
+         our kernels: {} for prefill, {} for decode (K3MINI_ISA overrides); prompts in passes of up to {} tokens \
+         (ours), 512 (llama.cpp's n_ubatch, its default)",
         a.model.display(),
         weight_bytes as f64 / (1 << 20) as f64,
         a.repeat,
         isa.name(),
-        isa.for_tokens(1).name()
+        isa.for_tokens(1).name(),
+        k3_infer::model::PREFILL_CHUNK
     );
     let mut report = Vec::new();
     let (mut decode_series, mut prefill_series) = (Vec::new(), Vec::new());
@@ -390,6 +391,7 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
         let j = json!({"model": a.model.display().to_string(), "weight_bytes_per_token": weight_bytes,
                        "isa_prefill": isa.name(), "isa_decode": isa.for_tokens(1).name(),
                        "peak_rss_mib_ours": rss, "start_rss_mib_ours": start_rss, "decode_tokens": a.decode_tokens, "repeat": a.repeat,
+                       "prefill_pass_tokens": {"ours": k3_infer::model::PREFILL_CHUNK, "llama_cpp": 512},
                        "runs": report});
         k3_format::safetensors_io::write_atomic(p, serde_json::to_string_pretty(&j)?.as_bytes())?;
     }

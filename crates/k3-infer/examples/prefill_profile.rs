@@ -1,7 +1,8 @@
 //! Prefill alone, repeated, for a profiler: load a model, then feed the same pseudo-random ids
-//! in 512-token chunks REPEAT times on a fresh state each time, printing tokens/s per repeat.
+//! in CHUNK-token forward calls (default: the whole prompt in one, as the engine takes it) REPEAT times on a fresh state each time, printing
+//! tokens/s per repeat.
 //!
-//!   cargo run --release -p k3-infer --example prefill_profile MODEL [TOKENS] [THREADS] [REPEAT]
+//!   cargo run --release -p k3-infer --example prefill_profile MODEL [TOKENS] [THREADS] [REPEAT] [CHUNK]
 //!
 //! e.g. `perf record -o /tmp/p.data target/release/examples/prefill_profile runs/z3/370m-q4_0.gguf`
 //! then `perf report -i /tmp/p.data --no-children --sort symbol`.
@@ -15,11 +16,11 @@ fn main() {
     k3_infer::keep_freed_buffers();
     let mut args = std::env::args().skip(1);
     let Some(path) = args.next().map(PathBuf::from) else {
-        eprintln!("usage: prefill_profile MODEL [TOKENS] [THREADS] [REPEAT]");
+        eprintln!("usage: prefill_profile MODEL [TOKENS] [THREADS] [REPEAT] [CHUNK] [CHUNK]");
         std::process::exit(2);
     };
     let mut num = |d: usize| args.next().and_then(|s| s.parse().ok()).unwrap_or(d);
-    let (tokens, threads, repeat) = (num(512), num(2), num(5));
+    let (tokens, threads, repeat, chunk) = (num(512), num(2), num(5), num(usize::MAX));
     let (mut model, _) = match Model::load(&path) {
         Ok(m) => m,
         Err(e) => {
@@ -32,12 +33,16 @@ fn main() {
     for _ in 0..repeat {
         let mut st = model.new_state();
         let t0 = Instant::now();
-        for c in ids.chunks(512) {
+        for c in ids.chunks(chunk.max(1)) {
             if let Err(e) = model.forward(c, &mut st, Logits::Last) {
                 eprintln!("prefill_profile: forward failed: {e:#}");
                 std::process::exit(1);
             }
         }
-        println!("{tokens} tokens, {threads} threads: {:.1} tok/s", tokens as f64 / t0.elapsed().as_secs_f64());
+        println!(
+            "{tokens} tokens in calls of {}, {threads} threads: {:.1} tok/s",
+            chunk.min(tokens),
+            tokens as f64 / t0.elapsed().as_secs_f64()
+        );
     }
 }
