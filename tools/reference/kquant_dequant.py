@@ -1,7 +1,7 @@
 """Dequantize raw ggml blocks with gguf-py (the llama.cpp project's Python reader): the golden
-reference for our K-quant byte layouts.
+reference for our K-quant (and other block) byte layouts.
 
-    python kquant_dequant.py TYPE IN.bin OUT.f32      (TYPE: Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K | Q5_0 | Q5_1)
+    python kquant_dequant.py TYPE IN.bin OUT.f32      (TYPE: Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K | Q5_0 | Q5_1 | IQ4_NL | IQ4_XS)
 """
 import sys
 

@@ -161,7 +161,7 @@ enum Cmd {
     /// Training data: build a tokenized dataset from offline sources.
     #[command(subcommand)]
     Data(DataCmd),
-    /// Write a GGUF (f32, f16, q8_0, q4_0, q4_1, q2_k, q3_k, q4_k, q5_k, q6_k) that llama.cpp and `k3mini` load.
+    /// Write a GGUF (f32, f16, q8_0, q4_0, q4_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs) that llama.cpp and `k3mini` load.
     Quantize {
         /// A checkpoint directory (config.json + safetensors, optionally tokenizer.json), or a
         /// GGUF to re-quantize.

@@ -1,4 +1,4 @@
-//! Our K-quant (and Q5_0) bytes, dequantized by gguf-py (llama.cpp's Python reader), equal our dequantization:
+//! Our K-quant (and Q5_0, Q5_1, IQ4_NL, IQ4_XS) bytes, dequantized by gguf-py (llama.cpp's Python reader), equal our dequantization:
 //! the block layouts are ggml's. Skipped without the project venv (`K3MINI_PYTHON`), a failure
 //! under scripts/test (`K3MINI_REQUIRE_PYTHON`).
 
@@ -39,6 +39,8 @@ fn gguf_py_reads_our_k_quants_as_we_do() {
         GgmlType::Q8_K,
         GgmlType::Q5_0,
         GgmlType::Q5_1,
+        GgmlType::IQ4_NL,
+        GgmlType::IQ4_XS,
     ] {
         let bytes = ty.quantize_row(&x);
         let (inp, out) = (dir.join(format!("{}.bin", ty.name())), dir.join(format!("{}.f32", ty.name())));

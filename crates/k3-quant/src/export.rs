@@ -37,6 +37,11 @@ pub enum QuantType {
     /// Q5_K everywhere it fits, the head in Q6_K (llama.cpp's Q5_K_S).
     Q5_K,
     Q6_K,
+    /// IQ4_NL everywhere it fits (4.5 bits a weight, Q4_0's size, a non-linear grid), the head
+    /// in Q6_K.
+    IQ4_NL,
+    /// IQ4_XS everywhere it fits (4.25 bits a weight), the head in Q6_K.
+    IQ4_XS,
 }
 
 impl QuantType {
@@ -52,9 +57,11 @@ impl QuantType {
             "q4_k" | "q4_k_s" => QuantType::Q4_K,
             "q5_k" | "q5_k_s" => QuantType::Q5_K,
             "q6_k" => QuantType::Q6_K,
+            "iq4_nl" => QuantType::IQ4_NL,
+            "iq4_xs" => QuantType::IQ4_XS,
             other => {
                 return Err(Error::Invalid(format!(
-                "--type `{other}` is not supported; allowed: f32, f16, q8_0, q4_0, q4_1, q2_k, q3_k, q4_k, q5_k, q6_k"
+                "--type `{other}` is not supported; allowed: f32, f16, q8_0, q4_0, q4_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs"
             )))
             }
         })
@@ -72,6 +79,8 @@ impl QuantType {
             QuantType::Q4_K => GgmlType::Q4_K,
             QuantType::Q5_K => GgmlType::Q5_K,
             QuantType::Q6_K => GgmlType::Q6_K,
+            QuantType::IQ4_NL => GgmlType::IQ4_NL,
+            QuantType::IQ4_XS => GgmlType::IQ4_XS,
         }
     }
 
@@ -79,7 +88,12 @@ impl QuantType {
     fn head(self) -> GgmlType {
         match self {
             QuantType::Q4_0 | QuantType::Q4_1 => GgmlType::Q8_0,
-            QuantType::Q2_K | QuantType::Q3_K | QuantType::Q4_K | QuantType::Q5_K => GgmlType::Q6_K,
+            QuantType::Q2_K
+            | QuantType::Q3_K
+            | QuantType::Q4_K
+            | QuantType::Q5_K
+            | QuantType::IQ4_NL
+            | QuantType::IQ4_XS => GgmlType::Q6_K,
             other => other.ggml(),
         }
     }
@@ -97,6 +111,8 @@ impl QuantType {
             QuantType::Q4_K => 14,
             QuantType::Q5_K => 16,
             QuantType::Q6_K => 18,
+            QuantType::IQ4_NL => 25,
+            QuantType::IQ4_XS => 30,
         }
     }
 }

@@ -4,7 +4,7 @@
 use super::{rows16, rows16_simd, Kind, Layout, Packed, BLOCK};
 use crate::quant::k_quants::{q4_k_codes, q5_k_blocks, q6_k_halves, scale_min_k4, Q4K_BYTES, Q5K_BYTES, Q6K_BYTES, QK};
 use crate::quant::k_quants_low::{q2_k_codes, q2_k_d_dmin_bits, q3_k_halves, Q2K_BYTES, Q3K_BYTES};
-use crate::quant::GgmlType;
+use crate::quant::{iq4, GgmlType};
 
 /// One K-quant super-block as the 16-row tiles take it: 256 codes as stored, its eight 32-code
 /// blocks' `d` and its `m` (f16 bits; the first [`Kind::m_per_row`]`(8)` of them are used).
@@ -60,7 +60,8 @@ impl Packed {
     /// `K3MINI_LAYOUT=rowpairs`). Elsewhere Q4_K rows enter as the Q4_1 blocks their sub-blocks
     /// are (`k_quants::q4_k_as_q4_1`: scales and mins rounded to f16, 5 bits a weight), Q5_0 rows
     /// as the Q8_0 blocks they equal exactly (`q5_0::as_q8_0`), and the others stay on row dots
-    /// (`None`).
+    /// (`None`). IQ4_NL rows enter as the Q8_0 blocks they equal exactly, IQ4_XS rows as Q8_0
+    /// blocks with each block's scale rounded to f16 (`iq4`; 8.5 bits a weight for both).
     pub fn pack(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Option<Packed> {
         let layout = match ty {
             GgmlType::Q2_K
@@ -160,6 +161,10 @@ impl Packed {
                 return Self::pack_super_blocks(Kind::Q2K, (rows, cols, data, layout), Q2K_BYTES, q2_k_super_block)
             }
             GgmlType::Q5_1 => return Self::pack_q5(Kind::Q5_1, rows, cols, data, layout),
+            GgmlType::IQ4_NL => return Self::pack_as(GgmlType::Q8_0, rows, cols, &iq4::nl_as_q8_0(data), layout),
+            GgmlType::IQ4_XS if cols.is_multiple_of(QK) => {
+                return Self::pack_as(GgmlType::Q8_0, rows, cols, &iq4::xs_as_q8_0(data), layout)
+            }
             _ => {}
         }
         let (kind, bb, off) = Self::block_kind(ty)?;

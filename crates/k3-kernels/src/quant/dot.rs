@@ -11,9 +11,11 @@ impl GgmlType {
     /// The activation format ggml pairs with this weight type.
     pub fn vec_dot_type(self) -> GgmlType {
         match self {
-            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => GgmlType::Q8_0,
+            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => GgmlType::Q8_0,
             GgmlType::Q4_1 | GgmlType::Q5_1 => GgmlType::Q8_1,
-            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => GgmlType::Q8_K,
+            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_XS => {
+                GgmlType::Q8_K
+            }
             other => other,
         }
     }
@@ -42,6 +44,8 @@ impl GgmlType {
             GgmlType::Q4_K => super::k_quants_simd::vec_dot_q4_k(w, x),
             GgmlType::Q5_K => super::k_quants::vec_dot_q5_k_q8_k(w, x),
             GgmlType::Q6_K => super::k_quants_simd::vec_dot_q6_k(w, x),
+            GgmlType::IQ4_NL => super::iq4::vec_dot_nl_q8_0(w, x),
+            GgmlType::IQ4_XS => super::iq4::vec_dot_xs_q8_k(w, x),
             // Q8_K is an activation format; as a weight (never written by ggml) dot the values.
             GgmlType::Q8_K => {
                 let n = w.len() / super::k_quants::Q8K_BYTES * super::k_quants::QK;

@@ -5,6 +5,7 @@
 
 pub mod dot;
 pub mod float;
+pub mod iq4;
 pub mod k_quants;
 pub mod k_quants_low;
 pub mod k_quants_simd;
@@ -46,6 +47,8 @@ pub enum GgmlType {
     Q5_K,
     Q6_K,
     Q8_K,
+    IQ4_NL,
+    IQ4_XS,
 }
 
 impl GgmlType {
@@ -65,6 +68,8 @@ impl GgmlType {
             GgmlType::Q5_K => 13,
             GgmlType::Q6_K => 14,
             GgmlType::Q8_K => 15,
+            GgmlType::IQ4_NL => 20,
+            GgmlType::IQ4_XS => 23,
             GgmlType::BF16 => 30,
         }
     }
@@ -85,6 +90,8 @@ impl GgmlType {
             13 => GgmlType::Q5_K,
             14 => GgmlType::Q6_K,
             15 => GgmlType::Q8_K,
+            20 => GgmlType::IQ4_NL,
+            23 => GgmlType::IQ4_XS,
             30 => GgmlType::BF16,
             _ => return None,
         })
@@ -107,7 +114,15 @@ impl GgmlType {
             13 => "Q5_K",
             14 => "Q6_K",
             15 => "Q8_K",
-            16..=23 => "IQ*",
+            16 => "IQ2_XXS",
+            17 => "IQ2_XS",
+            18 => "IQ3_XXS",
+            19 => "IQ1_S",
+            20 => "IQ4_NL",
+            21 => "IQ3_S",
+            22 => "IQ2_S",
+            23 => "IQ4_XS",
+            29 => "IQ1_M",
             30 => "BF16",
             39 => "MXFP4",
             _ => "unknown",
@@ -127,9 +142,13 @@ impl GgmlType {
     pub fn block_elems(self) -> usize {
         match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
-            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_K => {
-                k_quants::QK
-            }
+            GgmlType::Q2_K
+            | GgmlType::Q3_K
+            | GgmlType::Q4_K
+            | GgmlType::Q5_K
+            | GgmlType::Q6_K
+            | GgmlType::Q8_K
+            | GgmlType::IQ4_XS => k_quants::QK,
             _ => 32,
         }
     }
@@ -151,6 +170,8 @@ impl GgmlType {
             GgmlType::Q5_K => k_quants::Q5K_BYTES,
             GgmlType::Q6_K => k_quants::Q6K_BYTES,
             GgmlType::Q8_K => k_quants::Q8K_BYTES,
+            GgmlType::IQ4_NL => iq4::NL_BYTES,
+            GgmlType::IQ4_XS => iq4::XS_BYTES,
         }
     }
 
@@ -181,6 +202,8 @@ impl GgmlType {
             GgmlType::Q5_K => k_quants::quantize_q5_k(x),
             GgmlType::Q6_K => k_quants::quantize_q6_k(x),
             GgmlType::Q8_K => k_quants::quantize_q8_k(x),
+            GgmlType::IQ4_NL => iq4::quantize_nl(x),
+            GgmlType::IQ4_XS => iq4::quantize_xs(x),
         }
     }
 
@@ -205,6 +228,8 @@ impl GgmlType {
             GgmlType::Q5_K => k_quants::dequantize_q5_k(bytes, out),
             GgmlType::Q6_K => k_quants::dequantize_q6_k(bytes, out),
             GgmlType::Q8_K => k_quants::dequantize_q8_k(bytes, out),
+            GgmlType::IQ4_NL => iq4::dequantize_nl(bytes, out),
+            GgmlType::IQ4_XS => iq4::dequantize_xs(bytes, out),
         }
     }
 
@@ -253,6 +278,8 @@ mod tests {
             (GgmlType::Q4_K, 0.002, 0.02),
             (GgmlType::Q6_K, 0.002, 0.02),
             (GgmlType::Q8_K, 0.002, 0.02),
+            (GgmlType::IQ4_NL, 0.002, 0.02),
+            (GgmlType::IQ4_XS, 0.002, 0.02),
         ] {
             let bytes = ty.quantize_row(&x);
             assert_eq!(bytes.len(), ty.row_bytes(n), "{}", ty.name());
