@@ -210,7 +210,25 @@ pub unsafe fn gemm_avx512vnni(w: &Packed, a: &QActs, lo: usize, hi: usize, out: 
 #[inline(always)]
 unsafe fn gemm<const VNNI: bool>(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat) {
     debug_assert!(w.layout == Layout::Rows16 && (lo.is_multiple_of(ROWS) || lo >= hi));
-    super::tiles(lo, hi, 0..a.t, ROWS, 8, |r0, valid, t0, c| {
+    // Long prefills walk the tokens in blocks whose activation codes stay in L2 while every row
+    // group streams past them (as gemm_avx2 does), in whole 8-token tiles.
+    let block = (token_block(a) & !7).max(8);
+    for t in (0..a.t).step_by(block) {
+        gemm_tokens::<VNNI>(w, a, lo, hi, t..(t + block).min(a.t), out);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn gemm_tokens<const VNNI: bool>(
+    w: &Packed,
+    a: &QActs,
+    lo: usize,
+    hi: usize,
+    tokens: std::ops::Range<usize>,
+    out: OutMat,
+) {
+    super::tiles(lo, hi, tokens, ROWS, 8, |r0, valid, t0, c| {
         let args = (w, a, r0, t0, valid, r0 - lo, out);
         macro_rules! tiles {
             ($tile:ident $(, $p:literal)*) => {
@@ -308,10 +326,11 @@ fn token_block(a: &QActs) -> usize {
     (ACT_BLOCK_BYTES / (a.nbp * BLOCK).max(1)).max(UNPACK_MIN_TOKENS) & !1
 }
 
-/// Activation bytes a token block of [`gemm_avx2`] streams past each row group. Without blocks,
-/// a 4096-token product of 2816 columns (11 MB of codes) ran at 68 GMAC/s on Zen 3, against 84
-/// with 1 MiB blocks (`qgemm_speed 1408 2816 q4_0 avx2 8 4096`); 512 tokens ran at 89–90
-/// either way, 256 KiB blocks cost them ~2%. Blocking changes no result: each output is the same
+/// Activation bytes a token block of [`gemm_avx2`] and the AVX-512 [`gemm`] streams past each row
+/// group. Without blocks, a 4096-token product of 2816 columns (11 MB of codes) ran at 68 GMAC/s
+/// on Zen 3, against 84 with 1 MiB blocks (`qgemm_speed 1408 2816 q4_0 avx2 8 4096`); 512 tokens
+/// ran at 89–90 either way, 256 KiB blocks cost them ~2%. On Zen 4 (`… avx512-vnni 4 4096`,
+/// alternating runs) 88–114 → 111–138 GMAC/s, 512 KiB blocks the same as 1 MiB; 512 tokens 149. Blocking changes no result: each output is the same
 /// sum over the same columns.
 #[cfg(target_arch = "x86_64")]
 const ACT_BLOCK_BYTES: usize = 1 << 20;
