@@ -12,7 +12,15 @@ fn main() {
     let only =
         |i: usize, name: &str| std::env::args().nth(i).is_none_or(|s| s == "all" || s.eq_ignore_ascii_case(name));
     let repeat = arg(5, 1);
-    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
+        GgmlType::IQ4_NL,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+    ] {
         if !only(3, ty.name()) {
             continue;
         }

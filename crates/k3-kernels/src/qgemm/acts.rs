@@ -183,7 +183,9 @@ impl QActs {
         match kind {
             Kind::Q4_1 | Kind::Q5_1 => &self.s16[t * self.nbp..(t + 1) * self.nbp],
             Kind::Q6K | Kind::Q3K | Kind::Q2K => &self.hs[2 * t * self.nbp..2 * (t + 1) * self.nbp],
-            Kind::Q4_0 | Kind::Q5_0 | Kind::Q8_0 | Kind::Q5K | Kind::Q4K => &self.s[t * self.nbp..(t + 1) * self.nbp],
+            Kind::Q4_0 | Kind::Q5_0 | Kind::Q8_0 | Kind::Q5K | Kind::Q4K | Kind::IQ4NL => {
+                &self.s[t * self.nbp..(t + 1) * self.nbp]
+            }
         }
     }
 }

@@ -232,7 +232,7 @@ unsafe fn unpack_rows(
                     _mm256_storeu_si256(dst(b), _mm256_xor_si256(v, _mm256_set1_epi8(-128)));
                 }
             }
-            Kind::Q5_0 | Kind::Q6K | Kind::Q5K | Kind::Q5_1 | Kind::Q4K | Kind::Q3K | Kind::Q2K => {
+            Kind::Q5_0 | Kind::Q6K | Kind::Q5K | Kind::Q5_1 | Kind::Q4K | Kind::Q3K | Kind::Q2K | Kind::IQ4NL => {
                 unreachable!("Q5 / Q6_K tiles exist only in 16-row groups (gemm_rows_out checks)")
             }
             Kind::Q4_0 | Kind::Q4_1 => {

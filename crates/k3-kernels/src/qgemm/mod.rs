@@ -166,7 +166,23 @@ pub enum Kind {
     /// each super-block's f16 `d` and `dmin` as [`Kind::Q4K`]'s; value `u·(d·sc) − dmin·mn`.
     /// Only in [`Layout::Rows16`].
     Q2K,
+    /// IQ4_NL's 4-bit indices at a nibble each (Q4_0's layout) into [`NL_CODES`], ggml's
+    /// non-linear table as Q8_0 stores its codes (value + 128), with Q8_0's arithmetic: value
+    /// `(NL_CODES[u] − 128)·d`. The tiles look each index up with one byte shuffle. Only in
+    /// [`Layout::Rows16`] (in row pairs IQ4_NL rows enter as the Q8_0 blocks they equal).
+    IQ4NL,
 }
+
+/// [`Kind::IQ4NL`]'s table: ggml's `kvalues_iq4nl` + 128, as Q8_0's stored codes.
+pub const NL_CODES: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (crate::quant::iq4::KVALUES[i] as i32 + 128) as u8;
+        i += 1;
+    }
+    t
+};
 
 impl Kind {
     /// A byte a code (Q8_0), not a nibble plus high-bit planes.
@@ -177,7 +193,7 @@ impl Kind {
     /// Bits of each code beyond its low nibble, stored as bit planes in the 16-row layout.
     pub(crate) fn planes(self) -> usize {
         match self {
-            Kind::Q4_0 | Kind::Q4_1 | Kind::Q8_0 | Kind::Q4K | Kind::Q3K | Kind::Q2K => 0,
+            Kind::Q4_0 | Kind::Q4_1 | Kind::Q8_0 | Kind::Q4K | Kind::Q3K | Kind::Q2K | Kind::IQ4NL => 0,
             Kind::Q5_0 | Kind::Q5K | Kind::Q5_1 => 1,
             Kind::Q6K => 2,
         }
@@ -207,7 +223,7 @@ impl Kind {
         match self {
             Kind::Q4_0 => Some(8.0),
             Kind::Q5_0 => Some(16.0),
-            Kind::Q8_0 => Some(128.0),
+            Kind::Q8_0 | Kind::IQ4NL => Some(128.0),
             Kind::Q6K => Some(32.0),
             Kind::Q3K => Some(4.0),
             Kind::Q4_1 | Kind::Q5K | Kind::Q5_1 | Kind::Q4K | Kind::Q2K => None,
@@ -226,7 +242,12 @@ impl Kind {
 
     /// The kinds that exist only in [`Layout::Rows16`].
     pub(crate) fn rows16_only(self) -> bool {
-        self.planes() > 0 || matches!(self, Kind::Q4K | Kind::Q3K | Kind::Q2K)
+        self.planes() > 0 || matches!(self, Kind::Q4K | Kind::Q3K | Kind::Q2K | Kind::IQ4NL)
+    }
+
+    /// The table a stored code indexes (the codes the arithmetic takes are `table[u]`), if any.
+    pub(crate) fn code_table(self) -> Option<&'static [u8; 16]> {
+        (self == Kind::IQ4NL).then_some(&NL_CODES)
     }
 }
 
@@ -315,6 +336,15 @@ impl Packed {
         }
     }
 
+    /// Row r's codes as the arithmetic takes them: [`Packed::row_codes`] looked up in the kind's
+    /// [`Kind::code_table`] where it has one.
+    pub(crate) fn row_code_values(&self, r: usize, codes: &mut [u8]) {
+        self.row_codes(r, codes);
+        if let Some(t) = self.kind.code_table() {
+            codes.iter_mut().for_each(|c| *c = t[*c as usize]);
+        }
+    }
+
     /// Index of row r's block b scale in `d` (and min in `m`).
     #[inline]
     pub(crate) fn scale_at(&self, r: usize, b: usize) -> usize {
@@ -331,7 +361,7 @@ impl Packed {
         let (mut dw, mut mu) = (vec![0f32; 2 * n], vec![0f32; 2 * n]);
         self.half_scales(r, &mut dw, &mut mu);
         let mut codes = vec![0u8; n * BLOCK];
-        self.row_codes(r, &mut codes);
+        self.row_code_values(r, &mut codes);
         for (i, o) in out.iter_mut().enumerate().take(self.cols) {
             *o = codes[i] as f32 * dw[i / 16] + mu[i / 16];
         }

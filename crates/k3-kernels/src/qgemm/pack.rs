@@ -60,8 +60,9 @@ impl Packed {
     /// `K3MINI_LAYOUT=rowpairs`). Elsewhere Q4_K rows enter as the Q4_1 blocks their sub-blocks
     /// are (`k_quants::q4_k_as_q4_1`: scales and mins rounded to f16, 5 bits a weight), Q5_0 rows
     /// as the Q8_0 blocks they equal exactly (`q5_0::as_q8_0`), and the others stay on row dots
-    /// (`None`). IQ4_NL rows enter as the Q8_0 blocks they equal exactly, IQ4_XS rows as Q8_0
-    /// blocks with each block's scale rounded to f16 (`iq4`; 8.5 bits a weight for both).
+    /// (`None`). IQ4_NL rows take [`Kind::IQ4NL`] in 16-row groups (as stored, 4.5 bits a
+    /// weight) and elsewhere the Q8_0 blocks they equal exactly (8.5 bits); IQ4_XS rows enter as
+    /// IQ4_NL blocks with each block's scale rounded to f16 (`iq4::xs_as_nl`).
     pub fn pack(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Option<Packed> {
         let layout = match ty {
             GgmlType::Q2_K
@@ -71,6 +72,8 @@ impl Packed {
             | GgmlType::Q5_1
             | GgmlType::Q5_K
             | GgmlType::Q6_K
+            | GgmlType::IQ4_NL
+            | GgmlType::IQ4_XS
                 if rows16_simd() =>
             {
                 Layout::Rows16
@@ -130,6 +133,7 @@ impl Packed {
             GgmlType::Q4_0 => Some((Kind::Q4_0, 18, 2)),
             GgmlType::Q4_1 => Some((Kind::Q4_1, 20, 4)),
             GgmlType::Q8_0 => Some((Kind::Q8_0, 34, 2)),
+            GgmlType::IQ4_NL => Some((Kind::IQ4NL, 18, 2)),
             _ => None,
         }
     }
@@ -161,9 +165,11 @@ impl Packed {
                 return Self::pack_super_blocks(Kind::Q2K, (rows, cols, data, layout), Q2K_BYTES, q2_k_super_block)
             }
             GgmlType::Q5_1 => return Self::pack_q5(Kind::Q5_1, rows, cols, data, layout),
-            GgmlType::IQ4_NL => return Self::pack_as(GgmlType::Q8_0, rows, cols, &iq4::nl_as_q8_0(data), layout),
+            GgmlType::IQ4_NL if layout == Layout::RowPairs => {
+                return Self::pack_as(GgmlType::Q8_0, rows, cols, &iq4::nl_as_q8_0(data), layout)
+            }
             GgmlType::IQ4_XS if cols.is_multiple_of(QK) => {
-                return Self::pack_as(GgmlType::Q8_0, rows, cols, &iq4::xs_as_q8_0(data), layout)
+                return Self::pack_as(GgmlType::IQ4_NL, rows, cols, &iq4::xs_as_nl(data), layout)
             }
             _ => {}
         }

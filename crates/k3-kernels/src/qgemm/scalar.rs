@@ -18,7 +18,7 @@ pub unsafe fn gemm(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat) {
         } else {
             w.row_scales(o, &mut dw, &mut mu);
         }
-        w.row_codes(o, &mut codes);
+        w.row_code_values(o, &mut codes);
         for t in 0..a.t {
             let (xq, dx) = a.row(t);
             let mut acc = 0f32;

@@ -89,7 +89,7 @@ fn long_prefills_cross_token_blocks() {
     let (rows, cols, t) = (32, 2048, 520);
     let x = rng.normals(t * cols, 1.5);
     let a = QActs::quantize(&x, t, cols);
-    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1] {
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_NL] {
         let w = rng.normals(rows * cols, 0.4);
         let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
         let want = gemm_ref(ty, &data, rows, cols, &x, t);
@@ -109,8 +109,9 @@ fn every_isa_matches_ggml_vec_dot() {
     eprintln!("paths on this CPU: {:?}", Isa::available());
     let mut rng = Rng::new(17);
     // Q5_0 and Q5_1 take the nibble tiles with a high-bit plane (16-row layout only; Q5_0 packs
-    // as Q8_0 in row pairs).
-    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q5_1] {
+    // as Q8_0 in row pairs), IQ4_NL the byte-code tiles with its nibbles looked up (16-row
+    // layout; Q8_0 in row pairs).
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_NL] {
         for &(rows, cols, t) in
             &[(1, 32, 1), (7, 96, 3), (9, 256, 5), (16, 576, 8), (5, 64, 13), (33, 96, 37), (40, 320, 17), (6, 1088, 2)]
         {
@@ -296,7 +297,7 @@ fn k_quant_tiles_match_ggml_codes_and_scales() {
 fn packed_rows_dequantize_like_ggml_and_select() {
     let mut rng = Rng::new(5);
     let (rows, cols) = (20, 96); // more than one 16-row group
-    let cases = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0]
+    let cases = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::IQ4_NL, GgmlType::IQ4_XS]
         .into_iter()
         .flat_map(|ty| [(ty, Layout::RowPairs), (ty, Layout::Rows16)])
         .chain([(GgmlType::Q6_K, Layout::Rows16), (GgmlType::Q5_K, Layout::Rows16), (GgmlType::Q5_1, Layout::Rows16)])
@@ -338,8 +339,8 @@ fn scalar_path_is_always_there() {
 fn packing_in_bands_equals_packing_at_once() {
     let mut rng = Rng::new(31);
     let (rows, cols) = (53, 512);
-    let types = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q5_1];
-    let k_quants = [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q3_K, GgmlType::Q2_K];
+    let types = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_NL];
+    let k_quants = [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q3_K, GgmlType::Q2_K, GgmlType::IQ4_XS];
     for ty in types.into_iter().chain(k_quants) {
         let w = rng.normals(rows * cols, 0.4);
         let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();

@@ -133,7 +133,7 @@ unsafe fn tile512<const R: usize, const C: usize, const VNNI: bool>(
         Kind::Q8_0 if signed_q8 => 0.0,
         Kind::Q8_0 => -16.0, // −128/8
         Kind::Q4_1 => 0.125,
-        Kind::Q5_0 | Kind::Q6K | Kind::Q5K | Kind::Q5_1 | Kind::Q4K | Kind::Q3K | Kind::Q2K => {
+        Kind::Q5_0 | Kind::Q6K | Kind::Q5K | Kind::Q5_1 | Kind::Q4K | Kind::Q3K | Kind::Q2K | Kind::IQ4NL => {
             unreachable!("Q5 / Q6_K tiles exist only in 16-row groups (gemm_rows_out checks)")
         }
     };

@@ -34,10 +34,12 @@ fn nearest_index(x: f32) -> u8 {
     best as u8
 }
 
-/// One block's scale and indices: from d = max / −127 (the element of largest magnitude on the
-/// table's widest value), candidate inverse scales (k − 127) / max for k in −7..=7; each
-/// candidate's indices refit d = Σ w·x·v / Σ w·v² (w = x²); the best fit is kept.
-fn fit_block(x: &[f32]) -> (f32, [u8; BLOCK]) {
+/// One block's scale and indices, as llama.cpp searches: candidate inverse scales 127 / max (the
+/// element of largest magnitude near the table's top, 113) and (k − 127) / max for k in −7..=7
+/// (near its widest value, −127); each candidate's indices refit d = Σ w·x·v / Σ w·v² (w = x², or
+/// the caller's per-element weights); the best fit under those weights is kept, and its indices
+/// are then chosen again as the nearest for the stored (f16) scale.
+fn fit_block(x: &[f32], weights: Option<&[f32]>) -> (f32, [u8; BLOCK]) {
     let (amax, max) = super::abs_max(x);
     let mut q = [0u8; BLOCK];
     if amax < 1e-30 {
@@ -47,7 +49,7 @@ fn fit_block(x: &[f32]) -> (f32, [u8; BLOCK]) {
         let (mut sqx, mut sq2) = (0f32, 0f32);
         for (j, &v) in x.iter().enumerate() {
             q[j] = nearest_index(v * id);
-            let (w, k) = (v * v, KVALUES[q[j] as usize] as f32);
+            let (w, k) = (weights.map_or(v * v, |w| w[j]), KVALUES[q[j] as usize] as f32);
             sqx += w * v * k;
             sq2 += w * k * k;
         }
@@ -55,14 +57,20 @@ fn fit_block(x: &[f32]) -> (f32, [u8; BLOCK]) {
     };
     let (mut best_d, mut best) = (0f32, 0f32);
     let mut cand = [0u8; BLOCK];
-    for k in -7..=7 {
-        let (sqx, sq2) = fit((k as f32 + KVALUES[0] as f32) / max, &mut cand);
+    let candidates =
+        std::iter::once(-(KVALUES[0] as f32) / max).chain((-7..=7).map(|k| (k as f32 + KVALUES[0] as f32) / max));
+    for id in candidates {
+        let (sqx, sq2) = fit(id, &mut cand);
         // Minimising Σ w (x − d v)² over d leaves −(Σ w x v)² / Σ w v²: keep the largest ratio.
         if sq2 > 0.0 && sqx * sqx > best * sq2 {
             best_d = sqx / sq2;
             best = best_d * sqx;
-            q = cand;
         }
+    }
+    let d16 = f16_at(&f16_le(best_d));
+    let id = if d16 != 0.0 { 1.0 / d16 } else { 0.0 };
+    for (qj, &v) in q.iter_mut().zip(x) {
+        *qj = nearest_index(v * id);
     }
     (best_d, q)
 }
@@ -78,9 +86,21 @@ fn indices(qs: &[u8]) -> [u8; BLOCK] {
 }
 
 pub fn quantize_nl(x: &[f32]) -> Vec<u8> {
+    nl_with(x, None)
+}
+
+/// Importance-weighted IQ4_NL (as [`super::q4_0::quantize_weighted`]): each block's scale and
+/// indices chosen to minimise Σ_j w_j (x_j − d·v_j)² for the caller's weights `w`, one per
+/// element of `x`.
+pub fn quantize_nl_weighted(x: &[f32], w: &[f32]) -> Vec<u8> {
+    assert_eq!(x.len(), w.len(), "one weight per element");
+    nl_with(x, Some(w))
+}
+
+fn nl_with(x: &[f32], w: Option<&[f32]>) -> Vec<u8> {
     let mut out = Vec::with_capacity(x.len() / BLOCK * NL_BYTES);
-    for blk in x.chunks_exact(BLOCK) {
-        let (d, q) = fit_block(blk);
+    for (i, blk) in x.chunks_exact(BLOCK).enumerate() {
+        let (d, q) = fit_block(blk, w.map(|w| &w[i * BLOCK..(i + 1) * BLOCK]));
         out.extend_from_slice(&f16_le(d));
         out.extend_from_slice(&pack_nibbles(&q));
     }
@@ -132,9 +152,23 @@ fn xs_scale(sb: &[u8], b: usize) -> i32 {
 /// −(largest-magnitude block scale) / 32, each block's ls = round(scale / d) + 32 clamped to
 /// 0..63, then the block's indices refitted to its stored scale d·(ls − 32).
 pub fn quantize_xs(x: &[f32]) -> Vec<u8> {
+    xs_with(x, None)
+}
+
+/// Importance-weighted IQ4_XS: each block's scale fitted as [`quantize_nl_weighted`]'s.
+pub fn quantize_xs_weighted(x: &[f32], w: &[f32]) -> Vec<u8> {
+    assert_eq!(x.len(), w.len(), "one weight per element");
+    xs_with(x, Some(w))
+}
+
+fn xs_with(x: &[f32], w: Option<&[f32]>) -> Vec<u8> {
     let mut out = Vec::with_capacity(x.len() / QK * XS_BYTES);
-    for sb in x.chunks_exact(QK) {
-        let scales: Vec<f32> = sb.chunks_exact(BLOCK).map(|b| fit_block(b).0).collect();
+    for (s, sb) in x.chunks_exact(QK).enumerate() {
+        let scales: Vec<f32> = sb
+            .chunks_exact(BLOCK)
+            .enumerate()
+            .map(|(b, blk)| fit_block(blk, w.map(|w| &w[s * QK + b * BLOCK..][..BLOCK])).0)
+            .collect();
         let (_, max_scale) = super::abs_max(&scales);
         let d = -max_scale / 32.0;
         let d16 = f16_at(&f16_le(d));
@@ -182,24 +216,50 @@ pub fn vec_dot_xs_q8_k(w: &[u8], x: &[u8]) -> f32 {
     sum
 }
 
-/// IQ4_XS rows as Q8_0 blocks for the integer tiles: each block's scale d·(ls − 32) rounded to
-/// f16 (relative error ≤ 2⁻¹¹, far inside the 4-bit rounding), the table values as the codes.
-pub fn xs_as_q8_0(b: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(b.len() / XS_BYTES * 8 * 34);
+/// IQ4_XS rows as IQ4_NL blocks for the integer tiles: each block's scale d·(ls − 32) rounded
+/// to f16 (relative error ≤ 2⁻¹¹, far inside the 4-bit rounding), its 16 bytes of indices as
+/// they are (4.5 bits a weight instead of 4.25).
+pub fn xs_as_nl(b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(b.len() / XS_BYTES * 8 * NL_BYTES);
     for sb in b.chunks_exact(XS_BYTES) {
         let d = f16_at(sb);
         for blk in 0..QK / BLOCK {
             out.extend_from_slice(&f16_le(d * (xs_scale(sb, blk) - 32) as f32));
-            out.extend(indices(&sb[8 + 16 * blk..8 + 16 * (blk + 1)]).iter().map(|&q| KVALUES[q as usize] as u8));
+            out.extend_from_slice(&sb[8 + 16 * blk..8 + 16 * (blk + 1)]);
         }
     }
     out
+}
+
+/// IQ4_XS rows as Q8_0 blocks: [`xs_as_nl`], then [`nl_as_q8_0`].
+pub fn xs_as_q8_0(b: &[u8]) -> Vec<u8> {
+    nl_as_q8_0(&xs_as_nl(b))
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::GgmlType;
     use super::*;
+
+    /// Under heavy-tailed column weights (as activations give), the weighted quantizers have a
+    /// lower weighted error than the plain ones, summed over the tensor.
+    #[test]
+    fn weighted_quantizers_lower_the_weighted_error() {
+        let cols = 256;
+        let x = crate::testing::Rng::new(11).normals(cols * 16, 0.1);
+        let imp: Vec<f32> = (0..cols).map(|i| if i % 17 == 0 { 50.0 } else { 0.5 + (i % 5) as f32 * 0.2 }).collect();
+        let w: Vec<f32> = (0..x.len()).map(|i| imp[i % cols]).collect();
+        let err = |y: &[f32]| -> f64 {
+            x.iter().zip(y).zip(&w).map(|((a, b), w)| *w as f64 * ((a - b) as f64).powi(2)).sum()
+        };
+        let (mut a, mut b) = (vec![0f32; x.len()], vec![0f32; x.len()]);
+        dequantize_nl(&quantize_nl(&x), &mut a);
+        dequantize_nl(&quantize_nl_weighted(&x, &w), &mut b);
+        assert!(err(&b) < 0.9 * err(&a), "IQ4_NL weighted {} vs plain {}", err(&b), err(&a));
+        dequantize_xs(&quantize_xs(&x), &mut a);
+        dequantize_xs(&quantize_xs_weighted(&x, &w), &mut b);
+        assert!(err(&b) < 0.9 * err(&a), "IQ4_XS weighted {} vs plain {}", err(&b), err(&a));
+    }
 
     #[test]
     fn iq4_nl_rows_are_q8_0_rows_exactly() {

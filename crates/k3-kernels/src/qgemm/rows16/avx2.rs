@@ -203,20 +203,29 @@ pub(super) unsafe fn tile<const C: usize, const P: usize, const H: bool, const U
     }
 }
 
-/// Q8_0: [`super::x86::tile_q8`] without VNNI, on two halves (vpsignb for the sign trick).
+/// Q8_0: [`super::x86::tile_q8`] without VNNI, on two halves (vpsignb for the sign trick); with
+/// `NL` (IQ4_NL) the codes are nibbles looked up in the table as there.
 #[inline(always)]
-pub(super) unsafe fn tile_q8<const C: usize>((w, a, r0, t0, valid, orow, out): TileArgs) {
+pub(super) unsafe fn tile_q8<const C: usize, const NL: bool>((w, a, r0, t0, valid, orow, out): TileArgs) {
     let ops = Operands::<C>::new(w, a, r0, t0);
     let Operands { n, d, xq, dx, .. } = ops;
-    let (flip, ones) = (_mm256_set1_epi8(-128), _mm256_set1_epi16(1));
+    let (flip, ones, low) = (_mm256_set1_epi8(-128), _mm256_set1_epi16(1), _mm256_set1_epi8(0x0F));
+    let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(super::super::NL_CODES.as_ptr() as *const _));
     let mut acc = [[_mm256_setzero_ps(); 2]; C];
     for b in 0..n {
-        let qb = ops.block(b, GROUP_BLOCK_Q8);
+        let qb = ops.block(b, if NL { GROUP_BLOCK } else { GROUP_BLOCK_Q8 });
         let mut isum = [[_mm256_setzero_si256(); 2]; C];
         for j in 0..8 {
             // Signed codes; |w| (−128 stays 128 as an unsigned byte) and x·sign(w).
             let v: [__m256i; 2] = std::array::from_fn(|h| {
-                _mm256_xor_si256(_mm256_loadu_si256(qb.add(j * 64 + 32 * h) as *const _), flip)
+                let u = if NL {
+                    let v = _mm256_loadu_si256(qb.add((j % 4) * 64 + 32 * h) as *const _);
+                    let v = if j < 4 { v } else { _mm256_srli_epi16(v, 4) };
+                    _mm256_shuffle_epi8(table, _mm256_and_si256(v, low))
+                } else {
+                    _mm256_loadu_si256(qb.add(j * 64 + 32 * h) as *const _)
+                };
+                _mm256_xor_si256(u, flip)
             });
             let mag = v.map(|v| _mm256_abs_epi8(v));
             for c in 0..C {

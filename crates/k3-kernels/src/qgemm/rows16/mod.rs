@@ -246,7 +246,8 @@ unsafe fn gemm_tokens<const VNNI: bool>(
         }
         // (planes, super-block scales, scales per 16 codes)
         match w.kind {
-            Kind::Q8_0 => tiles!(tile_q8),
+            Kind::Q8_0 => tiles!(tile_q8, false),
+            Kind::IQ4NL => tiles!(tile_q8, true),
             Kind::Q4_0 | Kind::Q4_1 => tiles!(tile, 0, false, false),
             Kind::Q4K => tiles!(tile, 0, true, false),
             Kind::Q3K => tiles!(tile, 0, false, true),
@@ -269,7 +270,8 @@ pub unsafe fn gemm_avx2(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat
     debug_assert!(w.layout == Layout::Rows16 && (lo.is_multiple_of(ROWS) || lo >= hi));
     // (planes, scales per 16 codes)
     let (planes, halves) = match w.kind {
-        Kind::Q8_0 => return gemm_avx2_q8(w, a, lo, hi, out),
+        Kind::Q8_0 => return gemm_avx2_q8::<false>(w, a, lo, hi, out),
+        Kind::IQ4NL => return gemm_avx2_q8::<true>(w, a, lo, hi, out),
         Kind::Q4_0 | Kind::Q4_1 | Kind::Q4K => (0, false),
         Kind::Q3K | Kind::Q2K => (0, true),
         Kind::Q5_0 | Kind::Q5K | Kind::Q5_1 => (1, false),
@@ -330,8 +332,8 @@ fn token_block(a: &QActs) -> usize {
 /// group. Without blocks, a 4096-token product of 2816 columns (11 MB of codes) ran at 68 GMAC/s
 /// on Zen 3, against 84 with 1 MiB blocks (`qgemm_speed 1408 2816 q4_0 avx2 8 4096`); 512 tokens
 /// ran at 89–90 either way, 256 KiB blocks cost them ~2%. On Zen 4 (`… avx512-vnni 4 4096`,
-/// alternating runs) 88–114 → 111–138 GMAC/s, 512 KiB blocks the same as 1 MiB; 512 tokens 149. Blocking changes no result: each output is the same
-/// sum over the same columns.
+/// alternating runs) 88–114 → 111–138 GMAC/s, 512 KiB blocks the same as 1 MiB; 512 tokens 149.
+/// Blocking changes no result: each output is the same sum over the same columns.
 #[cfg(target_arch = "x86_64")]
 const ACT_BLOCK_BYTES: usize = 1 << 20;
 
@@ -340,19 +342,19 @@ const ACT_BLOCK_BYTES: usize = 1 << 20;
 #[cfg(target_arch = "x86_64")]
 const UNPACK_MIN_TOKENS: usize = 4;
 
-/// [`gemm_avx2`] for Q8_0's byte codes.
+/// [`gemm_avx2`] for Q8_0's byte codes, or (`NL`) IQ4_NL's table indices.
 ///
 /// # Safety
 /// As [`gemm_avx2`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn gemm_avx2_q8(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat) {
+unsafe fn gemm_avx2_q8<const NL: bool>(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat) {
     super::tiles(lo, hi, 0..a.t, ROWS, 2, |r0, valid, t0, c| {
         let args = (w, a, r0, t0, valid, r0 - lo, out);
         if c == 2 {
-            avx2::tile_q8::<2>(args)
+            avx2::tile_q8::<2, NL>(args)
         } else {
-            avx2::tile_q8::<1>(args)
+            avx2::tile_q8::<1, NL>(args)
         }
     });
 }
@@ -381,13 +383,20 @@ impl Scaling {
             Kind::Q4_1 | Kind::Q5K | Kind::Q5_1 => Scaling::Min,
             Kind::Q4K => Scaling::SuperMin,
             Kind::Q2K => Scaling::SuperMinHalves,
-            Kind::Q8_0 => unreachable!("Q8_0 takes the byte-code tile"),
+            Kind::Q8_0 | Kind::IQ4NL => unreachable!("Q8_0 and IQ4_NL take the byte-code tile"),
         }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+
+/// [`super::NL_CODES`] in every 128-bit lane, for vpshufb.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn nl_table_512() -> std::arch::x86_64::__m512i {
+    std::arch::x86_64::_mm512_broadcast_i32x4(std::arch::x86_64::_mm_loadu_si128(super::NL_CODES.as_ptr() as *const _))
+}
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -546,20 +555,32 @@ mod x86 {
     /// Q8_0: 16 rows × C tokens over every block; per block eight 4-code groups, each a sign-trick
     /// vpmaddubsw widened by vpmaddwd into 32-bit lanes, then `d_w·d_x·dot` per row lane (the codes
     /// are flipped back to signed, so no offset term). With VNNI, vpdpbusd of the stored codes
-    /// (code + 128) into two sets of 32-bit lanes, then `d_w·(d_x·dot − 128·s)`.
+    /// (code + 128) into two sets of 32-bit lanes, then `d_w·(d_x·dot − 128·s)`. With `NL`
+    /// (IQ4_NL), each group's codes are its nibbles (Q4's layout: groups j and j + 4 share a
+    /// 64-byte load) looked up in [`super::super::NL_CODES`] by one vpshufb; the rest as Q8_0.
     #[inline(always)]
-    pub(super) unsafe fn tile_q8<const C: usize, const VNNI: bool>((w, a, r0, t0, valid, orow, out): TileArgs) {
+    pub(super) unsafe fn tile_q8<const C: usize, const VNNI: bool, const NL: bool>(
+        (w, a, r0, t0, valid, orow, out): TileArgs,
+    ) {
         let ops = Operands::<C>::new(w, a, r0, t0);
         let Operands { n, d, xq, dx, sx, .. } = ops;
         let (flip, ones, zero) = (_mm512_set1_epi8(-128), _mm512_set1_epi16(1), _mm512_setzero_si512());
+        let (low, table) = (_mm512_set1_epi8(0x0F), super::nl_table_512());
+        let gb = if NL { GROUP_BLOCK } else { GROUP_BLOCK_Q8 };
         let mut acc = [_mm512_setzero_ps(); C];
         for b in 0..n {
-            let qb = ops.block(b, GROUP_BLOCK_Q8);
-            _mm_prefetch::<_MM_HINT_T0>(d.wrapping_add((b + PF_BYTES / GROUP_BLOCK_Q8) * ROWS) as *const i8);
+            let qb = ops.block(b, gb);
+            _mm_prefetch::<_MM_HINT_T0>(d.wrapping_add((b + PF_BYTES / gb) * ROWS) as *const i8);
             let (mut isum, mut isum2) = ([_mm512_setzero_si512(); C], [_mm512_setzero_si512(); C]);
             // Group j's 4-code products for every token, into `sum`.
             let group = |j: usize, sum: &mut [__m512i; C]| {
-                let u = _mm512_loadu_si512(qb.add(j * 64) as *const _); // code + 128
+                let u = if NL {
+                    let v = _mm512_loadu_si512(qb.add((j % 4) * 64) as *const _);
+                    let v = if j < 4 { v } else { _mm512_srli_epi16(v, 4) };
+                    _mm512_shuffle_epi8(table, _mm512_and_si512(v, low))
+                } else {
+                    _mm512_loadu_si512(qb.add(j * 64) as *const _)
+                }; // code + 128
                 let x = |c: usize| _mm512_set1_epi32((xq[c].add(b * BLOCK + 4 * j) as *const i32).read_unaligned());
                 if VNNI {
                     for c in 0..C {
