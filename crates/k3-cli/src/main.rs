@@ -171,8 +171,9 @@ enum Cmd {
         ty: String,
         #[arg(long)]
         out: PathBuf,
-        /// Importance-weighted Q4_0: calibrate on this dataset's train split (built with the
-        /// model's tokenizer) and choose each block's scale by the activations it meets.
+        /// Importance-weighted quantization (Q4_0, IQ4_NL, IQ4_XS): calibrate on this dataset's
+        /// train split (built with the model's tokenizer) and choose each block's scale by the
+        /// activations it meets.
         #[arg(long)]
         calib: Option<PathBuf>,
         #[arg(long, default_value_t = 32)]
@@ -324,8 +325,13 @@ fn run() -> Result<()> {
         }
         Cmd::Quantize { model, ty, out, calib, calib_windows, calib_context, threads } => {
             let imp = match &calib {
-                Some(_) if k3_quant::QuantType::parse(&ty)? != k3_quant::QuantType::Q4_0 => {
-                    bail!("--calib: importance-weighted quantization is built for --type q4_0 only")
+                Some(_)
+                    if !matches!(
+                        k3_quant::QuantType::parse(&ty)?,
+                        k3_quant::QuantType::Q4_0 | k3_quant::QuantType::IQ4_NL | k3_quant::QuantType::IQ4_XS
+                    ) =>
+                {
+                    bail!("--calib: importance-weighted quantization is built for --type q4_0, iq4_nl and iq4_xs only")
                 }
                 Some(d) => Some(quant_eval::calibrate(&model, d, calib_windows, calib_context, threads)?),
                 None => None,

@@ -246,6 +246,18 @@ fn capture_resumes_after_kill_and_distillation_learns_from_the_store() {
     assert!(text.contains("importance-weighted from calibration"), "{text}");
     let size = |p: &Path| std::fs::metadata(p).expect("gguf").len();
     assert_eq!(size(&plain), size(&calibrated), "the same file size");
+    // The same for IQ4_NL (ggml's non-linear 4-bit table).
+    let (nl, nl_calibrated) = (d.join("iq4_nl.gguf"), d.join("iq4_nl-calib.gguf"));
+    run(k3mini().args(["quantize", "--type", "iq4_nl", "--model"]).arg(&kd_ckpt).arg("--out").arg(&nl));
+    let text = run(k3mini()
+        .args(["quantize", "--type", "iq4_nl", "--calib-windows", "8", "--calib-context", "32", "--model"])
+        .arg(&kd_ckpt)
+        .arg("--calib")
+        .arg(&ds)
+        .arg("--out")
+        .arg(&nl_calibrated));
+    assert!(text.contains("importance-weighted from calibration"), "{text}");
+    assert_eq!(size(&nl), size(&nl_calibrated), "the same file size");
     run(k3mini()
         .args(["quant-eval", "--windows", "8", "--context", "32", "--reference"])
         .arg(&kd_ckpt)
@@ -253,6 +265,10 @@ fn capture_resumes_after_kill_and_distillation_learns_from_the_store() {
         .arg(&plain)
         .arg("--model")
         .arg(&calibrated)
+        .arg("--model")
+        .arg(&nl)
+        .arg("--model")
+        .arg(&nl_calibrated)
         .arg("--data")
         .arg(&ds)
         .arg("--json")
@@ -262,6 +278,7 @@ fn capture_resumes_after_kill_and_distillation_learns_from_the_store() {
     let kl = |i: usize| q["models"][i]["kl"].as_f64().expect("kl");
     assert!(kl(0) > 0.0 && kl(1) > 0.0, "{q}");
     assert!(kl(1) <= kl(0) * 1.1, "calibrated Q4_0 is no worse than Q4_0: {q}");
+    assert!(kl(2) > 0.0 && kl(3) <= kl(2) * 1.1, "calibrated IQ4_NL is no worse than IQ4_NL: {q}");
 
     // Evaluation-only prompts (HumanEval) never become training data.
     let he = d.join("he.jsonl");

@@ -13,7 +13,7 @@ use k3_config::{KdaOutGate, Mixer, ModelConfig};
 use k3_format::gguf::{GgufWriter, Value};
 use k3_format::gguf_map::{blk, config_metadata, gguf_name, GgufArch};
 use k3_format::{tensor_specs, Checkpoint};
-use k3_kernels::quant::{q4_0, GgmlType};
+use k3_kernels::quant::{iq4, q4_0, GgmlType};
 
 use crate::tokenizer_meta::tokenizer_metadata;
 use crate::{Error, Result};
@@ -260,9 +260,12 @@ fn gguf_tensors(ck: &Checkpoint, arch: GgufArch) -> Result<Vec<Out>> {
     Ok(out)
 }
 
-/// The type for rows that do not fit the requested type's block: Q8_0 when they fit its 32, else F16.
-fn fallback(ne0: usize) -> GgmlType {
-    if ne0.is_multiple_of(32) {
+/// The type for rows that do not fit `ty`'s block: IQ4_NL for IQ4_XS (llama-quantize's choice),
+/// else Q8_0, when they fit a block of 32; else F16.
+fn fallback(ty: GgmlType, ne0: usize) -> GgmlType {
+    if ne0.is_multiple_of(32) && ty == GgmlType::IQ4_XS {
+        GgmlType::IQ4_NL
+    } else if ne0.is_multiple_of(32) {
         GgmlType::Q8_0
     } else {
         GgmlType::F16
@@ -286,18 +289,26 @@ fn element_weights(data: &[f32], imp: &[f32]) -> Vec<f32> {
     w
 }
 
-/// Q4_0 of `data` [.., cols] weighted by calibration, when `importance` has the tensor: one
-/// vector [cols] under `name`, or one per routed expert under `name#e` (a stacked [E, rows, cols]
-/// tensor; an expert calibration never reached gets uniform column weights).
-fn calibrated_q4_0(
+/// `ty` (Q4_0, IQ4_NL or IQ4_XS) of `data` [.., cols] weighted by calibration, when `importance`
+/// has the tensor: one vector [cols] under `name`, or one per routed expert under `name#e` (a
+/// stacked [E, rows, cols] tensor; an expert calibration never reached gets uniform column
+/// weights). `None` for the other types.
+fn calibrated_quant(
+    ty: GgmlType,
     name: &str,
     shape: &[usize],
     data: &[f32],
     importance: &BTreeMap<String, Vec<f32>>,
 ) -> Option<Vec<u8>> {
+    let quantize: fn(&[f32], &[f32]) -> Vec<u8> = match ty {
+        GgmlType::Q4_0 => q4_0::quantize_weighted,
+        GgmlType::IQ4_NL => iq4::quantize_nl_weighted,
+        GgmlType::IQ4_XS => iq4::quantize_xs_weighted,
+        _ => return None,
+    };
     let cols = *shape.last()?;
     if let Some(imp) = importance.get(name).filter(|v| v.len() == cols) {
-        return Some(q4_0::quantize_weighted(data, &element_weights(data, imp)));
+        return Some(quantize(data, &element_weights(data, imp)));
     }
     if shape.len() == 3 && importance.contains_key(&format!("{name}#0")) {
         let per = shape[1] * cols;
@@ -305,14 +316,14 @@ fn calibrated_q4_0(
         let mut out = Vec::new();
         for (e, chunk) in data.chunks_exact(per).enumerate() {
             let imp = importance.get(&format!("{name}#{e}")).filter(|v| v.len() == cols).unwrap_or(&ones);
-            out.extend(q4_0::quantize_weighted(chunk, &element_weights(chunk, imp)));
+            out.extend(quantize(chunk, &element_weights(chunk, imp)));
         }
         return Some(out);
     }
     None
 }
 
-/// [`export_gguf`], with Q4_0 tensors importance-weighted from calibration sums
+/// [`export_gguf`], with Q4_0, IQ4_NL and IQ4_XS tensors importance-weighted from calibration sums
 /// (`k3_infer::calib`: mean x² per input column, by GGUF tensor name) when given.
 pub fn export_gguf_calibrated(
     dir: &Path,
@@ -366,7 +377,7 @@ pub fn export_gguf_calibrated(
             target
         };
         if ne0 % ty.block_elems() != 0 {
-            let to = fallback(ne0);
+            let to = fallback(ty, ne0);
             fallbacks.push(format!(
                 "{name}: rows of {ne0} are not a multiple of {}'s block of {} → {}",
                 ty.name(),
@@ -375,10 +386,7 @@ pub fn export_gguf_calibrated(
             ));
             ty = to;
         }
-        let weighted = match (importance, ty) {
-            (Some(imp), GgmlType::Q4_0) => calibrated_q4_0(&name, &shape, &data, imp),
-            _ => None,
-        };
+        let weighted = importance.and_then(|imp| calibrated_quant(ty, &name, &shape, &data, imp));
         calibrated += usize::from(weighted.is_some());
         let enc = weighted.unwrap_or_else(|| ty.quantize_row(&data));
         bytes += enc.len() as u64;
@@ -389,8 +397,8 @@ pub fn export_gguf_calibrated(
     }
     if importance.is_some() {
         notes.push(format!(
-            "{calibrated} Q4_0 tensors importance-weighted from calibration; the rest (never multiplied in calibration, \
-             or another type) quantized as usual"
+            "{calibrated} tensors importance-weighted from calibration; the rest (never multiplied in calibration, \
+             or a type other than Q4_0 / IQ4_NL / IQ4_XS) quantized as usual"
         ));
     }
     w.write(out)?;
@@ -429,7 +437,7 @@ pub fn requantize_gguf(input: &Path, qt: QuantType, out: &Path) -> Result<Export
             qt.ggml()
         };
         if !ne0.is_multiple_of(ty.block_elems()) {
-            let to = fallback(ne0);
+            let to = fallback(ty, ne0);
             fallbacks.push(format!(
                 "{}: rows of {ne0} are not a multiple of {}'s block → {}",
                 t.name,
