@@ -50,11 +50,11 @@ fn gguf_and_prompt_errors() {
         "--model",
         &golden("tiny_kimi_linear_dense").to_string_lossy(),
         "--type",
-        "iq4_xs",
+        "iq2_xxs",
         "--out",
         "/dev/null",
     ]);
-    assert!(e.contains("iq4_xs") && e.contains("allowed"), "{e}");
+    assert!(e.contains("iq2_xxs") && e.contains("allowed"), "{e}");
     let e = fails(&["generate", "--model", &g.to_string_lossy(), "--prompt", "hi"]);
     assert!(e.contains("no tokenizer"), "{e}");
     let e = fails(&["logits", "--model", "/nonexistent/dir", "--ids", "1", "--out", "/dev/null"]);

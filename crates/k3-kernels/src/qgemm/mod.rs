@@ -169,7 +169,8 @@ pub enum Kind {
     /// IQ4_NL's 4-bit indices at a nibble each (Q4_0's layout) into [`NL_CODES`], ggml's
     /// non-linear table as Q8_0 stores its codes (value + 128), with Q8_0's arithmetic: value
     /// `(NL_CODES[u] − 128)·d`. The tiles look each index up with one byte shuffle. Only in
-    /// [`Layout::Rows16`] (in row pairs IQ4_NL rows enter as the Q8_0 blocks they equal).
+    /// [`Layout::Rows16`] (in row pairs, on CPUs without the 16-row kernels, IQ4_NL rows enter as
+    /// the Q8_0 blocks they equal).
     IQ4NL,
 }
 
