@@ -325,12 +325,7 @@ fn run() -> Result<()> {
         }
         Cmd::Quantize { model, ty, out, calib, calib_windows, calib_context, threads } => {
             let imp = match &calib {
-                Some(_)
-                    if !matches!(
-                        k3_quant::QuantType::parse(&ty)?,
-                        k3_quant::QuantType::Q4_0 | k3_quant::QuantType::IQ4_NL | k3_quant::QuantType::IQ4_XS
-                    ) =>
-                {
+                Some(_) if !k3_quant::QuantType::parse(&ty)?.calibrates() => {
                     bail!("--calib: importance-weighted quantization is built for --type q4_0, iq4_nl and iq4_xs only")
                 }
                 Some(d) => Some(quant_eval::calibrate(&model, d, calib_windows, calib_context, threads)?),

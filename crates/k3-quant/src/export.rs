@@ -67,6 +67,12 @@ impl QuantType {
         })
     }
 
+    /// Whether `--calib` can importance-weight this type (its matrices' type has a weighted
+    /// quantizer: Q4_0, IQ4_NL, IQ4_XS).
+    pub fn calibrates(self) -> bool {
+        weighted_quantizer(self.ggml()).is_some()
+    }
+
     pub fn ggml(self) -> GgmlType {
         match self {
             QuantType::F32 => GgmlType::F32,
@@ -289,6 +295,19 @@ fn element_weights(data: &[f32], imp: &[f32]) -> Vec<f32> {
     w
 }
 
+/// A quantizer of `x` under one weight per element of it.
+type WeightedQuantizer = fn(&[f32], &[f32]) -> Vec<u8>;
+
+/// The importance-weighted quantizer of `ty`, where there is one.
+fn weighted_quantizer(ty: GgmlType) -> Option<WeightedQuantizer> {
+    match ty {
+        GgmlType::Q4_0 => Some(q4_0::quantize_weighted),
+        GgmlType::IQ4_NL => Some(iq4::quantize_nl_weighted),
+        GgmlType::IQ4_XS => Some(iq4::quantize_xs_weighted),
+        _ => None,
+    }
+}
+
 /// `ty` (Q4_0, IQ4_NL or IQ4_XS) of `data` [.., cols] weighted by calibration, when `importance`
 /// has the tensor: one vector [cols] under `name`, or one per routed expert under `name#e` (a
 /// stacked [E, rows, cols] tensor; an expert calibration never reached gets uniform column
@@ -300,12 +319,7 @@ fn calibrated_quant(
     data: &[f32],
     importance: &BTreeMap<String, Vec<f32>>,
 ) -> Option<Vec<u8>> {
-    let quantize: fn(&[f32], &[f32]) -> Vec<u8> = match ty {
-        GgmlType::Q4_0 => q4_0::quantize_weighted,
-        GgmlType::IQ4_NL => iq4::quantize_nl_weighted,
-        GgmlType::IQ4_XS => iq4::quantize_xs_weighted,
-        _ => return None,
-    };
+    let quantize = weighted_quantizer(ty)?;
     let cols = *shape.last()?;
     if let Some(imp) = importance.get(name).filter(|v| v.len() == cols) {
         return Some(quantize(data, &element_weights(data, imp)));

@@ -9,9 +9,10 @@
 //!   `b % 2`; high two bits at bit 2b of `scales_h`), value `d·(ls − 32)·KVALUES[q]`, each block's
 //!   16 bytes of indices as IQ4_NL's. 4.25 bits a weight. Activations as Q8_K.
 //!
-//! The quantizers are ours: per block, the scale that minimises the x²-weighted squared error
-//! over 15 candidate scales (each refitted by least squares to its indices), as llama.cpp's
-//! search does; their bytes are not llama.cpp's, their format is.
+//! The quantizers are ours: per block, the scale that minimises the x²-weighted (or
+//! importance-weighted) squared error over 1 + 15 candidate scales, each refitted by least
+//! squares to its indices, as llama.cpp's search does; then the indices nearest for the stored
+//! f16 scale. Their bytes are not llama.cpp's, their format is.
 
 use super::float::{f16_at, f16_le};
 use super::k_quants::{nearest, QK};
@@ -34,45 +35,43 @@ fn nearest_index(x: f32) -> u8 {
     best as u8
 }
 
-/// One block's scale and indices, as llama.cpp searches: candidate inverse scales 127 / max (the
-/// element of largest magnitude near the table's top, 113) and (k − 127) / max for k in −7..=7
-/// (near its widest value, −127); each candidate's indices refit d = Σ w·x·v / Σ w·v² (w = x², or
-/// the caller's per-element weights); the best fit under those weights is kept, and its indices
-/// are then chosen again as the nearest for the stored (f16) scale.
-fn fit_block(x: &[f32], weights: Option<&[f32]>) -> (f32, [u8; BLOCK]) {
+/// One block's scale, as llama.cpp searches: candidate inverse scales 127 / max (the element of
+/// largest magnitude near the table's top, 113) and (k − 127) / max for k in −7..=7 (near its
+/// widest value, −127); each candidate's nearest indices refit d = Σ w·x·v / Σ w·v² (w = x², or
+/// the caller's per-element weights); the best fit under those weights is kept.
+fn fit_scale(x: &[f32], weights: Option<&[f32]>) -> f32 {
     let (amax, max) = super::abs_max(x);
-    let mut q = [0u8; BLOCK];
     if amax < 1e-30 {
-        return (0.0, q);
+        return 0.0;
     }
-    let fit = |id: f32, q: &mut [u8; BLOCK]| -> (f32, f32) {
+    // (Σ w·x·v, Σ w·v²) over the indices nearest x·id.
+    let fit = |id: f32| -> (f32, f32) {
         let (mut sqx, mut sq2) = (0f32, 0f32);
         for (j, &v) in x.iter().enumerate() {
-            q[j] = nearest_index(v * id);
-            let (w, k) = (weights.map_or(v * v, |w| w[j]), KVALUES[q[j] as usize] as f32);
+            let (w, k) = (weights.map_or(v * v, |w| w[j]), KVALUES[nearest_index(v * id) as usize] as f32);
             sqx += w * v * k;
             sq2 += w * k * k;
         }
         (sqx, sq2)
     };
     let (mut best_d, mut best) = (0f32, 0f32);
-    let mut cand = [0u8; BLOCK];
     let candidates =
         std::iter::once(-(KVALUES[0] as f32) / max).chain((-7..=7).map(|k| (k as f32 + KVALUES[0] as f32) / max));
     for id in candidates {
-        let (sqx, sq2) = fit(id, &mut cand);
+        let (sqx, sq2) = fit(id);
         // Minimising Σ w (x − d v)² over d leaves −(Σ w x v)² / Σ w v²: keep the largest ratio.
         if sq2 > 0.0 && sqx * sqx > best * sq2 {
             best_d = sqx / sq2;
             best = best_d * sqx;
         }
     }
-    let d16 = f16_at(&f16_le(best_d));
-    let id = if d16 != 0.0 { 1.0 / d16 } else { 0.0 };
-    for (qj, &v) in q.iter_mut().zip(x) {
-        *qj = nearest_index(v * id);
-    }
-    (best_d, q)
+    best_d
+}
+
+/// The nearest index of each element of a block at the stored scale `d`.
+fn indices_at(x: &[f32], d: f32) -> [u8; BLOCK] {
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    std::array::from_fn(|j| nearest_index(x[j] * id))
 }
 
 /// 32 indices in Q4_0's nibble order.
@@ -100,9 +99,9 @@ pub fn quantize_nl_weighted(x: &[f32], w: &[f32]) -> Vec<u8> {
 fn nl_with(x: &[f32], w: Option<&[f32]>) -> Vec<u8> {
     let mut out = Vec::with_capacity(x.len() / BLOCK * NL_BYTES);
     for (i, blk) in x.chunks_exact(BLOCK).enumerate() {
-        let (d, q) = fit_block(blk, w.map(|w| &w[i * BLOCK..(i + 1) * BLOCK]));
-        out.extend_from_slice(&f16_le(d));
-        out.extend_from_slice(&pack_nibbles(&q));
+        let d = f16_le(fit_scale(blk, w.map(|w| &w[i * BLOCK..(i + 1) * BLOCK])));
+        out.extend_from_slice(&d);
+        out.extend_from_slice(&pack_nibbles(&indices_at(blk, f16_at(&d))));
     }
     out
 }
@@ -167,7 +166,7 @@ fn xs_with(x: &[f32], w: Option<&[f32]>) -> Vec<u8> {
         let scales: Vec<f32> = sb
             .chunks_exact(BLOCK)
             .enumerate()
-            .map(|(b, blk)| fit_block(blk, w.map(|w| &w[s * QK + b * BLOCK..][..BLOCK])).0)
+            .map(|(b, blk)| fit_scale(blk, w.map(|w| &w[s * QK + b * BLOCK..][..BLOCK])))
             .collect();
         let (_, max_scale) = super::abs_max(&scales);
         let d = -max_scale / 32.0;
@@ -178,10 +177,7 @@ fn xs_with(x: &[f32], w: Option<&[f32]>) -> Vec<u8> {
             let l = (nearest(id * scales[b]) + 32).clamp(0, 63);
             low[b / 2] |= ((l & 0x0F) as u8) << (4 * (b % 2));
             h |= ((l >> 4) as u16) << (2 * b);
-            let dl = d16 * (l - 32) as f32;
-            let idl = if dl != 0.0 { 1.0 / dl } else { 0.0 };
-            let q: [u8; BLOCK] = std::array::from_fn(|j| nearest_index(blk[j] * idl));
-            qs.extend_from_slice(&pack_nibbles(&q));
+            qs.extend_from_slice(&pack_nibbles(&indices_at(blk, d16 * (l - 32) as f32)));
         }
         out.extend_from_slice(&f16_le(d));
         out.extend_from_slice(&h.to_le_bytes());
@@ -231,11 +227,6 @@ pub fn xs_as_nl(b: &[u8]) -> Vec<u8> {
     out
 }
 
-/// IQ4_XS rows as Q8_0 blocks: [`xs_as_nl`], then [`nl_as_q8_0`].
-pub fn xs_as_q8_0(b: &[u8]) -> Vec<u8> {
-    nl_as_q8_0(&xs_as_nl(b))
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::GgmlType;
@@ -277,7 +268,7 @@ mod tests {
         let xs = quantize_xs(&x);
         let (mut a, mut b) = (vec![0f32; x.len()], vec![0f32; x.len()]);
         dequantize_xs(&xs, &mut a);
-        GgmlType::Q8_0.dequantize_row(&xs_as_q8_0(&xs), &mut b);
+        GgmlType::Q8_0.dequantize_row(&nl_as_q8_0(&xs_as_nl(&xs)), &mut b);
         for (i, (p, q)) in a.iter().zip(&b).enumerate() {
             assert!((p - q).abs() <= p.abs() * 1e-3, "element {i}: {p} vs {q}");
         }
