@@ -3,9 +3,11 @@
 //! pool dispatch included), against the read bandwidth of a plain streaming loop at the same
 //! thread count. Shows how close the integer GEMV alone gets to the memory bound.
 //!
-//!   cargo run --release -p k3-infer --example gemv_stream [THREADS] [LAYERS] [TYPE]
+//!   cargo run --release -p k3-infer --example gemv_stream [THREADS] [LAYERS] [TYPE] [one]
 //!
 //! TYPE (q4_0 default, q4_1, q8_0) is the matrices' storage type (the 370M's head is Q8_0).
+//! `one` streams the same bytes as one tall matrix of 1024 columns in a single matvec, which
+//! separates the kernel's own streaming from what each of the 168 products' pool jobs costs.
 //!
 //! LAYERS (default 24) shrinks the set: at 1 (~7 MiB) it stays in cache, which shows whether
 //! the kernel itself, not memory, is the limit.
@@ -38,19 +40,27 @@ fn main() {
         })
         .collect();
     // Distinct copies (a clone would share the packed weights through their Arc).
-    let mats: Vec<Matrix> = (0..layers)
-        .flat_map(|_| {
-            proto.iter().map(|m| {
-                let mut c = m.clone();
-                c.packed = m.packed.as_ref().map(|p| std::sync::Arc::new((**p).clone()));
-                c
+    let one = std::env::args().nth(4).as_deref() == Some("one");
+    let mats: Vec<Matrix> = if one {
+        let rows = (layers * shapes.iter().map(|&(r, c)| r * c).sum::<usize>() / 1024).next_multiple_of(16);
+        let w = rng.normals(rows * 1024, 0.4);
+        let data: Vec<u8> = w.chunks(1024).flat_map(|row| ty.quantize_row(row)).collect();
+        vec![Matrix::new(rows, 1024, ty, data)]
+    } else {
+        (0..layers)
+            .flat_map(|_| {
+                proto.iter().map(|m| {
+                    let mut c = m.clone();
+                    c.packed = m.packed.as_ref().map(|p| std::sync::Arc::new((**p).clone()));
+                    c
+                })
             })
-        })
-        .collect();
+            .collect()
+    };
     let bytes: usize = mats.iter().map(|m| m.nbytes()).sum();
     let cx = Compute { threads, exact: false };
     let x = rng.normals(2816, 1.0);
-    let mut y = vec![0f32; 2816];
+    let mut y = vec![0f32; mats.iter().map(|m| m.rows).max().unwrap_or(0)];
     let mut rates = Vec::new();
     for _ in 0..7 {
         let t0 = Instant::now();

@@ -87,7 +87,12 @@ pub(super) unsafe fn tile<const C: usize, const P: usize, const H: bool, const U
     // Q4_K, Q2_K: the current super-block's d (rows 0–7, 8–15) and −dmin (the same).
     let mut sup = [_mm256_setzero_ps(); 4];
     for b in 0..n {
-        let qb = if U { std::ptr::null() } else { ops.block(b, GROUP_BLOCK + P * PLANE) };
+        let qb = if U {
+            std::ptr::null()
+        } else {
+            ops.scales_ahead(b, GROUP_BLOCK + P * PLANE, matches!(scaling, Scaling::Min | Scaling::Halves(_)));
+            ops.block(b, GROUP_BLOCK + P * PLANE)
+        };
         let (mut isum, mut isum2) = ([[_mm256_setzero_si256(); 2]; C], [[_mm256_setzero_si256(); 2]; C]);
         for j in 0..4 {
             let (lo4, hi4) = if U {
@@ -214,6 +219,7 @@ pub(super) unsafe fn tile_q8<const C: usize, const NL: bool>((w, a, r0, t0, vali
     let mut acc = [[_mm256_setzero_ps(); 2]; C];
     for b in 0..n {
         let qb = ops.block(b, if NL { GROUP_BLOCK } else { GROUP_BLOCK_Q8 });
+        ops.scales_ahead(b, if NL { GROUP_BLOCK } else { GROUP_BLOCK_Q8 }, false);
         let mut isum = [[_mm256_setzero_si256(); 2]; C];
         for j in 0..8 {
             // Signed codes; |w| (−128 stays 128 as an unsigned byte) and x·sign(w).
