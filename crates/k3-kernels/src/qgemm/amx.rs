@@ -1,5 +1,8 @@
-//! AMX path of [`super::gemm_rows`] (prefill): Intel AMX-INT8 tile products, one 32-code block at a
-//! time, each block's i32 sums scaled in f32 with AVX-512 as ggml does per block.
+//! AMX path of [`super::gemm_rows`] (prefill) over row pairs: Intel AMX-INT8 tile products, one
+//! 32-code block at a time, each block's i32 sums scaled in f32 with AVX-512 as ggml does per
+//! block. AMX CPUs hold their matrices in 16-row groups ([`super::rows16::gemm_amx`]) since
+//! 2026-12-03; this path runs under `K3MINI_LAYOUT=rowpairs`. Also the tile permission and
+//! configuration both paths use.
 //!
 //! Per tile of 16 weight rows × 16 tokens and block b:
 //! ```text
@@ -58,10 +61,9 @@ fn request_tile_permission() -> bool {
     false
 }
 
-/// Tile configuration (palette 1): C tiles tmm0 / tmm3 [16 tokens × 16 rows, i32], A tiles
-/// tmm1 / tmm4 [16 tokens × 32 codes], B tiles tmm2 / tmm5 [8 groups of 4 codes × 16 rows × 4].
+/// A tile configuration (palette 1): per tile register, its rows and bytes a row.
 #[repr(C, align(64))]
-struct TileConfig {
+pub(crate) struct TileConfig {
     palette: u8,
     start_row: u8,
     reserved: [u8; 14],
@@ -70,22 +72,48 @@ struct TileConfig {
     reserved2: [u8; 16],
 }
 
-const fn tile_config() -> TileConfig {
-    let mut c =
-        TileConfig { palette: 1, start_row: 0, reserved: [0; 14], colsb: [0; 16], rows: [0; 16], reserved2: [0; 16] };
-    let mut i = 0;
-    while i < 6 {
-        let (rows, colsb) = match i % 3 {
-            0 => (16, 64),
-            1 => (16, 32),
-            _ => (8, 64),
+impl TileConfig {
+    /// Tiles tmm0, tmm1, ... as `(rows, bytes a row)`; the rest unused.
+    pub(crate) const fn new(tiles: &[(u8, u16)]) -> TileConfig {
+        let mut c = TileConfig {
+            palette: 1,
+            start_row: 0,
+            reserved: [0; 14],
+            colsb: [0; 16],
+            rows: [0; 16],
+            reserved2: [0; 16],
         };
-        c.rows[i] = rows;
-        c.colsb[i] = colsb;
-        i += 1;
+        let mut i = 0;
+        while i < tiles.len() {
+            c.rows[i] = tiles[i].0;
+            c.colsb[i] = tiles[i].1;
+            i += 1;
+        }
+        c
     }
-    c
+
+    /// Load this configuration into the tile registers (zeroing them).
+    ///
+    /// # Safety
+    /// [`available`] must be true.
+    #[inline(always)]
+    pub(crate) unsafe fn load(&self) {
+        asm!("ldtilecfg [{0}]", in(reg) self, options(nostack, readonly));
+    }
 }
+
+/// Give the tile state back (after a product, so that the OS need not save it).
+///
+/// # Safety
+/// [`available`] must be true.
+#[inline(always)]
+pub(crate) unsafe fn release() {
+    asm!("tilerelease", options(nostack, nomem));
+}
+
+/// This kernel's tiles: C tmm0 / tmm3 [16 tokens × 16 rows, i32], A tmm1 / tmm4 [16 tokens × 32
+/// codes], B tmm2 / tmm5 [8 groups of 4 codes × 16 rows × 4].
+const CONFIG: TileConfig = TileConfig::new(&[(16, 64), (16, 32), (8, 64), (16, 64), (16, 32), (8, 64)]);
 
 /// # Safety
 /// [`available`] must be true (AMX-INT8 with the tile state granted, AVX-512 F/BW/VL, F16C);
@@ -95,8 +123,7 @@ pub unsafe fn gemm_amx(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat)
     let n = w.nbp;
     let ld = n * BLOCK; // activation row stride, bytes
     debug_assert!(a.qs.len() >= a.t.next_multiple_of(TILE) * ld, "QActs pads to whole token tiles");
-    let cfg = tile_config();
-    asm!("ldtilecfg [{0}]", in(reg) &cfg, options(nostack, readonly));
+    CONFIG.load();
     // One row tile: codes in B layout [nbp, 8, 16, 4], scales and mins [nbp, 16].
     let mut wt = vec![0i8; n * TILE * BLOCK];
     let mut rows_tmp = vec![0i8; TILE * n * BLOCK];
@@ -154,7 +181,7 @@ pub unsafe fn gemm_amx(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat)
         }
         o0 += r;
     }
-    asm!("tilerelease", options(nostack, nomem));
+    release();
 }
 
 /// Issue C_slot = A·B for one block: A the 16 token rows × 32 codes at `xp` (row stride `ld`

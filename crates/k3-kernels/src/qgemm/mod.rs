@@ -258,18 +258,18 @@ pub enum Layout {
     /// Row-major. Q4: for every pair of blocks (2p, 2p+1) 32 bytes, byte j holding code j of
     /// block 2p in its low nibble and code j of block 2p+1 in its high nibble, so one AND and one
     /// shift give both blocks' codes in element order. Q8: 32 bytes per block of `code + 128`.
-    /// Scales [rows, nbp]. The layout on AMX CPUs (its prefill tiles read it) and where no SIMD
-    /// path runs; every x86 path has kernels for it.
+    /// Scales [rows, nbp]. The layout where no 16-row SIMD path runs; every x86 path has kernels
+    /// for it (`K3MINI_LAYOUT=rowpairs` takes it anywhere, to compare).
     RowPairs,
     /// 16 rows interleaved in 4-code groups per block ([`rows16`]; Q4 at a nibble a code, Q8 at a
     /// byte), scales [rows/16, nbp, 16]; rows padded to a multiple of 16. The AVX-512 kernels'
-    /// (with VNNI and without) and the AVX2 ones on CPUs without AMX.
+    /// (with VNNI and without), the AMX prefill tiles' ([`rows16::gemm_amx`]) and the AVX2 ones.
     Rows16,
 }
 
 impl Layout {
     /// The layout the fastest kernels on this CPU ([`Isa::best`]) read, for every kind: 16-row
-    /// groups for AVX-512 (VNNI or not) and AVX2, row pairs for AMX (its prefill tiles read them).
+    /// groups for AMX, AVX-512 (VNNI or not) and AVX2 with F16C, else row pairs.
     /// `K3MINI_LAYOUT=rowpairs|rows16` overrides it where the CPU has a kernel for that layout
     /// (row pairs: always; 16-row groups: AVX-512, AVX2 with F16C, or the scalar loops), to
     /// compare the two.
@@ -278,7 +278,7 @@ impl Layout {
         *BEST.get_or_init(|| match std::env::var("K3MINI_LAYOUT").ok().as_deref() {
             Some("rowpairs") => Layout::RowPairs,
             Some("rows16") => Layout::Rows16,
-            _ if matches!(Isa::best(), Isa::Avx512 | Isa::Avx512Vnni) => Layout::Rows16,
+            _ if Isa::best() >= Isa::Avx512 => Layout::Rows16,
             _ if Isa::best() == Isa::Avx2 && rows16_avx2() => Layout::Rows16,
             _ => Layout::RowPairs,
         })
@@ -556,6 +556,12 @@ pub unsafe fn gemm_rows_out(isa: Isa, w: &Packed, a: &QActs, lo: usize, hi: usiz
         w.row_align()
     );
     if w.layout == Layout::Rows16 {
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Amx && Isa::Amx.supported() {
+            // SAFETY: AMX-INT8 with the tile state granted, AVX-512 with VNNI (checked just
+            // above); `a` padded to whole token tiles (T ≥ AMX_MIN_TOKENS, asserted above).
+            return unsafe { rows16::gemm_amx(w, a, lo, hi, out) };
+        }
         #[cfg(target_arch = "x86_64")]
         if isa >= Isa::Avx512Vnni && Isa::Avx512Vnni.supported() {
             // SAFETY: AVX-512 F/BW/VL + VNNI + FMA + F16C (checked just above); `out` as the caller promises.

@@ -3,7 +3,7 @@
 
 use std::arch::x86_64::*;
 
-use super::x86::TileArgs;
+use super::avx512::TileArgs;
 use super::{Operands, Scaling, BLOCK, GROUP_BLOCK, GROUP_BLOCK_Q8, PLANE, ROWS};
 
 /// Row lanes 0..16 of two 8-lane halves, written to the valid rows of token t.
@@ -69,7 +69,7 @@ pub(super) unsafe fn unpack_group<const P: usize>(w: &super::Packed, r0: usize, 
     }
 }
 
-/// The nibble kinds with P high-bit planes: [`super::x86::tile`] without VNNI, on two halves.
+/// The nibble kinds with P high-bit planes: [`super::avx512::tile`] without VNNI, on two halves.
 /// Q4 sums its eight group products in 16-bit lanes (with `H`, the kinds whose scales change
 /// every 16 codes, codes 0..16 and 16..32 in their own sets); with planes the codes reach 63,
 /// so each product is widened to 32 bits, codes 0..16 and 16..32 in their own sets. With `U`
@@ -208,7 +208,7 @@ pub(super) unsafe fn tile<const C: usize, const P: usize, const H: bool, const U
     }
 }
 
-/// Q8_0: [`super::x86::tile_q8`] without VNNI, on two halves (vpsignb for the sign trick); with
+/// Q8_0: [`super::avx512::tile_q8`] without VNNI, on two halves (vpsignb for the sign trick); with
 /// `NL` (IQ4_NL) the codes are nibbles looked up in the table as there.
 #[inline(always)]
 pub(super) unsafe fn tile_q8<const C: usize, const NL: bool>((w, a, r0, t0, valid, orow, out): TileArgs) {

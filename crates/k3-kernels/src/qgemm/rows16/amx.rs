@@ -1,0 +1,259 @@
+//! AMX path of the 16-row layout (prefill on AMX CPUs): AMX-INT8 tile products over the same
+//! 16-row groups the AVX-512 decode kernels stream, so an AMX CPU holds one layout for both.
+//!
+//! A group-block of the 16-row layout is already AMX's B operand once its codes are bytes: byte
+//! `j·64 + r·4 + e` holds code `4j + e` of row r (low nibble) and `16 + 4j + e` (high nibble),
+//! and B's row k of a tile is `[16 columns][4 consecutive codes]`. So per group, each block's
+//! nibbles (high-bit planes added, IQ4_NL looked up) are split into 8 rows of 64 bytes once
+//! ([`unpack_group`]; Q8_0's bytes are used as stored), and per tile of 16 tokens and block b
+//! ```text
+//! C_b[m, r] = Σ_{j<32} x[m, 32b + j] · u[r, 32b + j]        (TDPBSSD / TDPBSUD → i32)
+//! acc[m, r] += d_w[r, b] · d_x[m, b] · C_b[m, r]   (+ min[r, b] · s_x[m, b])
+//! ```
+//! The kinds whose value is `(u − k)·d` (Q4_0, Q5_0, Q8_0, IQ4_NL, Q6_K, Q3_K) are unpacked as
+//! the signed codes u − k (TDPBSSD: i8 × i8), so their sums need no offset term; the kinds with
+//! a min (Q4_1, Q5_1, Q5_K, Q4_K, Q2_K) keep their unsigned codes (TDPBSUD: i8 × u8) and add the
+//! min times the activations' block sums, as the VNNI tiles do (super::avx512::accumulate). The kinds whose scales change every 16 codes (Q6_K,
+//! Q3_K, Q2_K) take two products a block, one a half (K = 16). Two sets of C tiles alternate so
+//! that block b + 1's product runs while block b's sums are scaled.
+//! Dims: 16 rows a group, 16 tokens a tile, nbp blocks of 32 codes.
+
+use std::arch::asm;
+use std::arch::x86_64::*;
+
+use super::super::amx::{release, TileConfig};
+use super::avx512::{accumulate, block_scales, BlockScales};
+use super::{group_block, token_block, Kind, OutMat, Packed, QActs, Scaling, BLOCK, GROUP_BLOCK, PLANE, ROWS};
+
+/// Tokens per tile.
+const TILE: usize = 16;
+
+/// Bytes of one block's unpacked codes (8 B-tile rows of 64).
+const UNPACKED: usize = ROWS * BLOCK;
+
+/// One product a block: C tmm0 / tmm3 [16 tokens × 16 rows, i32], A tmm1 / tmm4 [16 tokens × 32
+/// codes], B tmm2 / tmm5 [8 rows of 4 codes × 16 rows].
+const BLOCKS: TileConfig = TileConfig::new(&[(16, 64), (16, 32), (8, 64), (16, 64), (16, 32), (8, 64)]);
+
+/// Two products a block, a half each: C tmm0 / tmm3 (first set's halves), tmm4 / tmm5 (second
+/// set's), A tmm1 / tmm6 [16 tokens × 16 codes], B tmm2 / tmm7 [4 rows of 4 codes × 16 rows].
+const HALVES: TileConfig =
+    TileConfig::new(&[(16, 64), (16, 16), (4, 64), (16, 64), (16, 64), (16, 64), (16, 16), (4, 64)]);
+
+/// # Safety
+/// AMX-INT8 must be usable ([`super::super::amx::available`]) with AVX-512 F/BW/VL/DQ, VNNI,
+/// FMA and F16C; `w` in [`super::Layout::Rows16`] with `lo` a multiple of 16; `a` padded to whole
+/// 16-token tiles (T ≥ [`super::super::AMX_MIN_TOKENS`]); `out` valid for rows 0..hi − lo and
+/// tokens 0..T.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")]
+pub unsafe fn gemm_amx(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat) {
+    debug_assert!(a.qs.len() >= a.t.next_multiple_of(TILE) * a.nbp * BLOCK, "QActs pads to whole token tiles");
+    // (super-block scales, scales per half block, signed codes)
+    match (w.kind.super_scales(), w.kind.per_half(), w.kind.code_offset().is_some()) {
+        (false, false, true) => gemm::<false, false, true>(w, a, lo, hi, out),
+        (false, false, false) => gemm::<false, false, false>(w, a, lo, hi, out),
+        (true, false, _) => gemm::<true, false, false>(w, a, lo, hi, out),
+        (false, true, _) => gemm::<false, true, true>(w, a, lo, hi, out),
+        (true, true, _) => gemm::<true, true, false>(w, a, lo, hi, out),
+    }
+}
+
+#[inline(always)]
+unsafe fn gemm<const SUP: bool, const H: bool, const SIGNED: bool>(
+    w: &Packed,
+    a: &QActs,
+    lo: usize,
+    hi: usize,
+    out: OutMat,
+) {
+    let n = w.nbp;
+    // The offset kinds' codes unpacked signed: their sums are d_w·d_x·dot.
+    let (scaling, offset) = match Scaling::of(w.kind) {
+        Scaling::Offset(k) => (Scaling::Signed, -k),
+        Scaling::Halves(k) => (Scaling::SignedHalves, -k),
+        s => (s, 0.0),
+    };
+    debug_assert_eq!(SIGNED, offset != 0.0);
+    let has_m = matches!(scaling, Scaling::Min | Scaling::SignedHalves);
+    if H {
+        HALVES.load();
+    } else {
+        BLOCKS.load();
+    }
+    let mut unpacked = vec![_mm512_setzero_si512(); n * UNPACKED / 64];
+    let mut scales: Vec<BlockScales> = Vec::with_capacity(n);
+    // Long prefills walk the tokens in blocks whose activation codes stay in L2 while every row
+    // group streams past them, as the AVX-512 tiles do.
+    let block = token_block(a).next_multiple_of(TILE);
+    for tb in (0..a.t).step_by(block) {
+        for g0 in (lo..hi).step_by(ROWS) {
+            unpack_group(w, g0, offset as i32 as i8, &mut unpacked);
+            let codes = unpacked.as_ptr() as *const u8;
+            let (g, mut sup) = (g0 / ROWS, (_mm512_setzero_ps(), _mm512_setzero_ps()));
+            let d = w.d.as_ptr().add(g * n * ROWS);
+            let m = if w.kind.has_m() { w.m.as_ptr().add(g * w.kind.m_per_row(n) * ROWS) } else { std::ptr::null() };
+            scales.clear();
+            scales.extend((0..n).map(|b| block_scales::<SUP, H>(has_m, d, m, b, &mut sup)));
+            for t0 in (tb..(tb + block).min(a.t)).step_by(TILE) {
+                let acc = tile::<H, SIGNED>(w.kind, scaling, a, t0, codes, &scales);
+                store(&acc, ROWS.min(hi - g0), g0 - lo, t0, TILE.min(a.t - t0), out);
+            }
+        }
+    }
+    release();
+}
+
+/// Row group r0 / 16's codes as B operands into `buf`, `UNPACKED` bytes a block: the codes as
+/// the arithmetic takes them (IQ4_NL's looked up), less `offset` (the signed codes of the offset
+/// kinds; 0 for the kinds with a min).
+#[inline(always)]
+unsafe fn unpack_group(w: &Packed, r0: usize, offset: i8, buf: &mut [__m512i]) {
+    let gb = group_block(w.kind);
+    let q = w.qs.as_ptr().add(r0 / ROWS * w.nbp * gb);
+    let off = _mm512_set1_epi8(offset);
+    if w.kind.byte_codes() {
+        for (b, dst) in buf.chunks_exact_mut(UNPACKED / 64).enumerate().take(w.nbp) {
+            for (j, v) in dst.iter_mut().enumerate() {
+                *v = _mm512_sub_epi8(_mm512_loadu_si512(q.add(b * gb + j * 64) as *const _), off);
+            }
+        }
+        return;
+    }
+    let (nib, planes) = (_mm512_set1_epi8(0x0F), w.kind.planes());
+    let table = w.kind.code_table().map(|t| _mm512_broadcast_i32x4(_mm_loadu_si128(t.as_ptr() as *const _)));
+    for (b, dst) in buf.chunks_exact_mut(UNPACKED / 64).enumerate().take(w.nbp) {
+        let qb = q.add(b * gb);
+        let pl = qb.add(GROUP_BLOCK) as *const u64;
+        for j in 0..4 {
+            let v = _mm512_loadu_si512(qb.add(j * 64) as *const _);
+            let mut lo4 = _mm512_and_si512(v, nib); // codes 4j..4j + 4 of each row
+            let mut hi4 = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib); // codes 16 + 4j..
+            for p in 0..planes {
+                let bit = _mm512_set1_epi8(16 << p);
+                lo4 = _mm512_mask_add_epi8(lo4, pl.add(j * planes + p).read_unaligned(), lo4, bit);
+                hi4 = _mm512_mask_add_epi8(hi4, pl.add((4 + j) * planes + p).read_unaligned(), hi4, bit);
+            }
+            if let Some(t) = table {
+                lo4 = _mm512_shuffle_epi8(t, lo4);
+                hi4 = _mm512_shuffle_epi8(t, hi4);
+            }
+            dst[j] = _mm512_sub_epi8(lo4, off);
+            dst[4 + j] = _mm512_sub_epi8(hi4, off);
+        }
+    }
+    debug_assert!(planes * PLANE + GROUP_BLOCK == gb);
+}
+
+/// 16 tokens from t0 × the 16 rows of one group over every block: acc[m] holds token t0 + m's
+/// row lanes.
+#[inline(always)]
+unsafe fn tile<const H: bool, const SIGNED: bool>(
+    kind: Kind,
+    scaling: Scaling,
+    a: &QActs,
+    t0: usize,
+    codes: *const u8,
+    scales: &[BlockScales],
+) -> [__m512; TILE] {
+    let (n, ld) = (a.nbp, a.nbp * BLOCK);
+    let xp = |b: usize| a.qs.as_ptr().add(t0 * ld + b * BLOCK);
+    let wp = |b: usize| codes.add(b * UNPACKED);
+    // Per token: its block scales and block (or half-block) sums.
+    let dx: [*const f32; TILE] = std::array::from_fn(|m| a.d.as_ptr().add((t0 + m) * n));
+    let sx: [*const f32; TILE] = std::array::from_fn(|m| a.s_for(kind, t0 + m).as_ptr());
+    let mut acc = [_mm512_setzero_ps(); TILE];
+    let mut cbuf = [[[0i32; TILE * TILE]; 2]; 2]; // [set][half] C tiles
+    products::<H, SIGNED>(0, xp(0), ld, wp(0));
+    for b in 0..n {
+        if b + 1 < n {
+            products::<H, SIGNED>((b + 1) % 2, xp(b + 1), ld, wp(b + 1));
+        }
+        let c = &mut cbuf[b % 2];
+        store_c::<H>(b % 2, c);
+        let sc = &scales[b];
+        for m in 0..TILE {
+            let row = |h: usize| _mm512_cvtepi32_ps(_mm512_loadu_si512(c[h].as_ptr().add(m * TILE) as *const _));
+            let dot1 = if H { row(1) } else { _mm512_setzero_ps() };
+            let dxb = _mm512_set1_ps(*dx[m].add(b));
+            let s = if H { sx[m].add(2 * b) } else { sx[m].add(b) };
+            acc[m] = accumulate::<H>(scaling, acc[m], row(0), dot1, dxb, s, sc);
+        }
+    }
+    acc
+}
+
+/// Issue set `slot`'s products for one block: A the 16 token rows at `xp` (row stride `ld`
+/// bytes), B the block's unpacked codes at `wp`; one product of 32 codes, or with `H` one per
+/// half; with `SIGNED` the codes are signed (TDPBSSD), else unsigned (TDPBSUD).
+#[inline(always)]
+unsafe fn products<const H: bool, const SIGNED: bool>(slot: usize, xp: *const i8, ld: usize, wp: *const u8) {
+    macro_rules! dot {
+        ($c:literal, $a:literal, $b:literal, $x:expr, $w:expr) => {
+            if SIGNED {
+                dot!("tdpbssd", $c, $a, $b, $x, $w)
+            } else {
+                dot!("tdpbsud", $c, $a, $b, $x, $w)
+            }
+        };
+        ($op:literal, $c:literal, $a:literal, $b:literal, $x:expr, $w:expr) => {
+            asm!(concat!("tilezero ", $c), concat!("tileloadd ", $a, ", [{x} + {xs}*1]"),
+                 concat!("tileloadd ", $b, ", [{w} + {ws}*1]"), concat!($op, " ", $c, ", ", $a, ", ", $b),
+                 x = in(reg) $x, xs = in(reg) ld, w = in(reg) $w, ws = in(reg) 64usize, options(nostack, readonly))
+        };
+    }
+    match (H, slot) {
+        (false, 0) => dot!("tmm0", "tmm1", "tmm2", xp, wp),
+        (false, _) => dot!("tmm3", "tmm4", "tmm5", xp, wp),
+        (true, 0) => {
+            dot!("tmm0", "tmm1", "tmm2", xp, wp);
+            dot!("tmm3", "tmm6", "tmm7", xp.add(16), wp.add(UNPACKED / 2));
+        }
+        (true, _) => {
+            dot!("tmm4", "tmm1", "tmm2", xp, wp);
+            dot!("tmm5", "tmm6", "tmm7", xp.add(16), wp.add(UNPACKED / 2));
+        }
+    }
+}
+
+/// Store set `slot`'s C tiles (one, or with `H` two) as 16 × 16 i32 each.
+#[inline(always)]
+unsafe fn store_c<const H: bool>(slot: usize, c: &mut [[i32; TILE * TILE]; 2]) {
+    macro_rules! st {
+        ($t:literal, $p:expr) => {
+            asm!(concat!("tilestored [{c} + {cs}*1], ", $t), c = in(reg) $p, cs = in(reg) 64usize, options(nostack))
+        };
+    }
+    let (c0, c1) = (c[0].as_mut_ptr(), c[1].as_mut_ptr());
+    match (H, slot) {
+        (false, 0) => st!("tmm0", c0),
+        (false, _) => st!("tmm3", c0),
+        (true, 0) => {
+            st!("tmm0", c0);
+            st!("tmm3", c1);
+        }
+        (true, _) => {
+            st!("tmm4", c0);
+            st!("tmm5", c1);
+        }
+    }
+}
+
+/// Write `acc` (token t0 + m's row lanes in `acc[m]`) for `valid` rows from output row `orow`
+/// and `tokens` tokens: one masked store a token when rows are contiguous in `out` (the engine's
+/// token-major Y), else a scatter down the row stride.
+#[inline(always)]
+unsafe fn store(acc: &[__m512; TILE], valid: usize, orow: usize, t0: usize, tokens: usize, out: OutMat) {
+    let mask: __mmask16 = if valid == ROWS { 0xFFFF } else { (1u16 << valid) - 1 };
+    let idx = _mm512_mullo_epi32(
+        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+        _mm512_set1_epi32(out.rs as i32),
+    );
+    for (m, &v) in acc.iter().enumerate().take(tokens) {
+        let p = out.at(orow, t0 + m);
+        if out.rs == 1 {
+            _mm512_mask_storeu_ps(p, mask, v);
+        } else {
+            _mm512_mask_i32scatter_ps::<4>(p, mask, idx, v);
+        }
+    }
+}

@@ -1,0 +1,280 @@
+//! The 16-row tiles on AVX-512, with VNNI (vpdpbusd) and without (vpmaddubsw / vpmaddwd).
+
+use std::arch::x86_64::*;
+
+use super::{Operands, OutMat, Packed, QActs, Scaling, BLOCK, GROUP_BLOCK, GROUP_BLOCK_Q8, PF_BYTES, PLANE, ROWS};
+
+/// (matrix, activations, first row of the group, first token, valid rows, output row of the
+/// group's first row, output).
+pub(super) type TileArgs<'a> = (&'a Packed, &'a QActs, usize, usize, usize, usize, OutMat);
+
+/// 16 rows × C tokens over every block of a nibble kind with P high-bit planes: per block,
+/// the eight 4-code group products, each group's codes completed by one masked byte add per
+/// plane; summed (with VNNI) in two sets of 32-bit lanes, codes 0..16 and 16..32; without
+/// VNNI, Q4's in 16-bit lanes (with `H`, the kinds whose scales change every 16 codes, in two
+/// sets) and the wider codes' widened to 32 bits per product. Then per row lane
+/// `d_w·(d_x·dot + k·s)` (Q4_0 k = −8, Q5_0 −16), `d_w·d_x·dot + m·s` (Q4_1, Q5_1, Q5_K;
+/// Q4_K with `SUP`, its `d_w = d·sc` and `m = −dmin·mn` formed per block from the byte pairs
+/// and the super-block's scales) or, a half block each (`H`),
+/// `d·(d_x·dot₀ + k·s₀) + m·(d_x·dot₁ + k·s₁)` (Q6_K k = −32, Q3_K −4) or, with `SUP` too,
+/// `Σ_h d_h·d_x·dot_h + m_h·s_h` (Q2_K, each half's scale and min formed as Q4_K's).
+#[inline(always)]
+pub(super) unsafe fn tile<const C: usize, const VNNI: bool, const P: usize, const SUP: bool, const H: bool>(
+    (w, a, r0, t0, valid, orow, out): TileArgs,
+) {
+    let ops = Operands::<C>::new(w, a, r0, t0);
+    let Operands { n, d, m, xq, dx, sx, .. } = ops;
+    // Super-block scales (Q4_K, Q2_K) known at compile time, so the other kinds' tiles carry
+    // none of their work.
+    let scaling = match (SUP, H) {
+        (true, false) => Scaling::SuperMin,
+        (true, true) => Scaling::SuperMinHalves,
+        _ => Scaling::of(w.kind),
+    };
+    let has_m = matches!(scaling, Scaling::Min | Scaling::Halves(_));
+    let (nib, ones) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi16(1));
+    let mut acc = [_mm512_setzero_ps(); C];
+    // Q4_K, Q2_K: the current super-block's d and −dmin per row lane.
+    let mut sup = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    for b in 0..n {
+        let qb = ops.block(b, GROUP_BLOCK + P * PLANE);
+        ops.scales_ahead(b, GROUP_BLOCK + P * PLANE, has_m);
+        if b % 2 == 0 {
+            _mm_prefetch::<_MM_HINT_T0>(d.wrapping_add(b * ROWS + PF_BYTES / 8) as *const i8);
+            if has_m {
+                _mm_prefetch::<_MM_HINT_T0>(m.wrapping_add(b * ROWS + PF_BYTES / 8) as *const i8);
+            }
+        }
+        let planes = qb.add(GROUP_BLOCK) as *const u64;
+        let (mut isum, mut isum2) = ([_mm512_setzero_si512(); C], [_mm512_setzero_si512(); C]);
+        for j in 0..4 {
+            let v = _mm512_loadu_si512(qb.add(j * 64) as *const _);
+            let mut lo4 = _mm512_and_si512(v, nib); // codes 4j..4j+4 of each row
+            let mut hi4 = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib); // codes 16+4j..
+            for p in 0..P {
+                let bit = _mm512_set1_epi8(16 << p);
+                let (ml, mh) = (planes.add(j * P + p).read_unaligned(), planes.add((4 + j) * P + p).read_unaligned());
+                lo4 = _mm512_mask_add_epi8(lo4, ml, lo4, bit);
+                hi4 = _mm512_mask_add_epi8(hi4, mh, hi4, bit);
+            }
+            for c in 0..C {
+                let xa = _mm512_set1_epi32((xq[c].add(b * BLOCK + 4 * j) as *const i32).read_unaligned());
+                let xb = _mm512_set1_epi32((xq[c].add(b * BLOCK + 16 + 4 * j) as *const i32).read_unaligned());
+                if VNNI {
+                    isum[c] = _mm512_dpbusd_epi32(isum[c], lo4, xa);
+                    isum2[c] = _mm512_dpbusd_epi32(isum2[c], hi4, xb);
+                } else if P == 0 && !H {
+                    isum[c] = _mm512_add_epi16(isum[c], _mm512_maddubs_epi16(lo4, xa));
+                    isum[c] = _mm512_add_epi16(isum[c], _mm512_maddubs_epi16(hi4, xb));
+                } else if P == 0 {
+                    // Codes ≤ 7: four groups of two products stay within 16 bits.
+                    isum[c] = _mm512_add_epi16(isum[c], _mm512_maddubs_epi16(lo4, xa));
+                    isum2[c] = _mm512_add_epi16(isum2[c], _mm512_maddubs_epi16(hi4, xb));
+                } else {
+                    isum[c] = _mm512_add_epi32(isum[c], _mm512_madd_epi16(_mm512_maddubs_epi16(lo4, xa), ones));
+                    isum2[c] = _mm512_add_epi32(isum2[c], _mm512_madd_epi16(_mm512_maddubs_epi16(hi4, xb), ones));
+                }
+            }
+        }
+        let sc = block_scales::<SUP, H>(has_m, d, m, b, &mut sup);
+        for c in 0..C {
+            let dxb = _mm512_set1_ps(*dx[c].add(b));
+            let (dot0, dot1) = if H {
+                let (dot0, dot1) = if VNNI || P > 0 {
+                    (isum[c], isum2[c])
+                } else {
+                    (_mm512_madd_epi16(isum[c], ones), _mm512_madd_epi16(isum2[c], ones))
+                };
+                (_mm512_cvtepi32_ps(dot0), _mm512_cvtepi32_ps(dot1))
+            } else if VNNI || P > 0 {
+                (_mm512_cvtepi32_ps(_mm512_add_epi32(isum[c], isum2[c])), _mm512_setzero_ps())
+            } else {
+                (_mm512_cvtepi32_ps(_mm512_madd_epi16(isum[c], ones)), _mm512_setzero_ps())
+            };
+            let s = if H { sx[c].add(2 * b) } else { sx[c].add(b) };
+            acc[c] = accumulate::<H>(scaling, acc[c], dot0, dot1, dxb, s, &sc);
+        }
+    }
+    let mut lanes = [0f32; ROWS];
+    for c in 0..C {
+        _mm512_storeu_ps(lanes.as_mut_ptr(), acc[c]);
+        for (r, &v) in lanes.iter().enumerate().take(valid) {
+            out.put(orow + r, t0 + c, v);
+        }
+    }
+}
+
+/// Q8_0: 16 rows × C tokens over every block; per block eight 4-code groups, each a sign-trick
+/// vpmaddubsw widened by vpmaddwd into 32-bit lanes, then `d_w·d_x·dot` per row lane (the codes
+/// are flipped back to signed, so no offset term). With VNNI, vpdpbusd of the stored codes
+/// (code + 128) into two sets of 32-bit lanes, then `d_w·(d_x·dot − 128·s)`. With `NL`
+/// (IQ4_NL), each group's codes are its nibbles (Q4's layout: groups j and j + 4 share a
+/// 64-byte load) looked up in [`super::super::NL_CODES`] by one vpshufb; the rest as Q8_0.
+#[inline(always)]
+pub(super) unsafe fn tile_q8<const C: usize, const VNNI: bool, const NL: bool>(
+    (w, a, r0, t0, valid, orow, out): TileArgs,
+) {
+    let ops = Operands::<C>::new(w, a, r0, t0);
+    let Operands { n, d, xq, dx, sx, .. } = ops;
+    let (flip, ones, zero) = (_mm512_set1_epi8(-128), _mm512_set1_epi16(1), _mm512_setzero_si512());
+    let (low, table) = (_mm512_set1_epi8(0x0F), super::nl_table_512());
+    let gb = if NL { GROUP_BLOCK } else { GROUP_BLOCK_Q8 };
+    let mut acc = [_mm512_setzero_ps(); C];
+    for b in 0..n {
+        let qb = ops.block(b, gb);
+        ops.scales_ahead(b, gb, false);
+        _mm_prefetch::<_MM_HINT_T0>(d.wrapping_add((b + PF_BYTES / gb) * ROWS) as *const i8);
+        let (mut isum, mut isum2) = ([_mm512_setzero_si512(); C], [_mm512_setzero_si512(); C]);
+        // Group j's 4-code products for every token, into `sum`.
+        let group = |j: usize, sum: &mut [__m512i; C]| {
+            let u = if NL {
+                let v = _mm512_loadu_si512(qb.add((j % 4) * 64) as *const _);
+                let v = if j < 4 { v } else { _mm512_srli_epi16(v, 4) };
+                _mm512_shuffle_epi8(table, _mm512_and_si512(v, low))
+            } else {
+                _mm512_loadu_si512(qb.add(j * 64) as *const _)
+            }; // code + 128
+            let x = |c: usize| _mm512_set1_epi32((xq[c].add(b * BLOCK + 4 * j) as *const i32).read_unaligned());
+            if VNNI {
+                for c in 0..C {
+                    sum[c] = _mm512_dpbusd_epi32(sum[c], u, x(c));
+                }
+            } else {
+                let v = _mm512_xor_si512(u, flip); // signed codes
+                let (neg, mag) = (_mm512_movepi8_mask(v), _mm512_abs_epi8(v));
+                for c in 0..C {
+                    let xs = _mm512_mask_sub_epi8(x(c), neg, zero, x(c)); // x·sign(w)
+                    sum[c] = _mm512_add_epi32(sum[c], _mm512_madd_epi16(_mm512_maddubs_epi16(mag, xs), ones));
+                }
+            }
+        };
+        // Two sets of lanes, alternate groups (shorter dependency chains), added after; each
+        // group's set fixed at compile time (a set chosen per group at run time kept the sums
+        // in memory: Q8_0 prefill ran at a quarter of its speed).
+        for p in 0..4 {
+            group(2 * p, &mut isum);
+            group(2 * p + 1, &mut isum2);
+        }
+        let wd = _mm512_cvtph_ps(_mm256_loadu_si256(d.add(b * ROWS) as *const __m256i));
+        for c in 0..C {
+            let dxb = _mm512_set1_ps(*dx[c].add(b));
+            let dot = _mm512_cvtepi32_ps(_mm512_add_epi32(isum[c], isum2[c]));
+            let t = if VNNI {
+                _mm512_fmadd_ps(dot, dxb, _mm512_set1_ps(-128.0 * *sx[c].add(b)))
+            } else {
+                _mm512_mul_ps(dot, dxb)
+            };
+            acc[c] = _mm512_fmadd_ps(wd, t, acc[c]);
+        }
+    }
+    let mut lanes = [0f32; ROWS];
+    for c in 0..C {
+        _mm512_storeu_ps(lanes.as_mut_ptr(), acc[c]);
+        for (r, &v) in lanes.iter().enumerate().take(valid) {
+            out.put(orow + r, t0 + c, v);
+        }
+    }
+}
+
+/// One block's scales per row lane: `d` the scale (Q6_K, Q3_K: the first half's), `m` the min
+/// (Q4_1, the Q5 types, Q4_K: formed from its pair), the second half's scale (Q6_K, Q3_K), or
+/// Q2_K's first-half min; `d2` and `m2` Q2_K's second-half scale and min.
+#[derive(Clone, Copy)]
+pub(super) struct BlockScales {
+    pub d: __m512,
+    pub m: __m512,
+    pub d2: __m512,
+    pub m2: __m512,
+}
+
+/// Block b's [`BlockScales`] for the 16 rows of a group whose scales start at `d` (and `m`):
+/// f16 scales (and, `has_m`, mins or second scales) as stored, or with `SUP` formed from the
+/// block's byte pair and the super-block's `d` and −`dmin`, which `sup` carries from the
+/// super-block's first block on.
+#[inline(always)]
+pub(super) unsafe fn block_scales<const SUP: bool, const H: bool>(
+    has_m: bool,
+    d: *const u16,
+    m: *const u16,
+    b: usize,
+    sup: &mut (__m512, __m512),
+) -> BlockScales {
+    let zero = _mm512_setzero_ps();
+    if !SUP {
+        let wd = _mm512_cvtph_ps(_mm256_loadu_si256(d.add(b * ROWS) as *const __m256i));
+        let wm = if has_m { _mm512_cvtph_ps(_mm256_loadu_si256(m.add(b * ROWS) as *const __m256i)) } else { wd };
+        return BlockScales { d: wd, m: wm, d2: zero, m2: zero };
+    }
+    if b.is_multiple_of(8) {
+        let at = (b / 8) * 2 * ROWS;
+        let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(m.add(at + ROWS) as *const __m256i));
+        *sup = (_mm512_cvtph_ps(_mm256_loadu_si256(m.add(at) as *const __m256i)), _mm512_sub_ps(zero, dmin));
+    }
+    let (sup_d, sup_m) = *sup;
+    let pair = _mm512_cvtepu16_epi32(_mm256_loadu_si256(d.add(b * ROWS) as *const __m256i));
+    let field = |shift: u32, mask: i32| {
+        _mm512_cvtepi32_ps(_mm512_and_si512(
+            _mm512_srlv_epi32(pair, _mm512_set1_epi32(shift as i32)),
+            _mm512_set1_epi32(mask),
+        ))
+    };
+    if H {
+        // Q2_K: the two sub-blocks' scale | min << 4, the first half's in the low byte.
+        BlockScales {
+            d: _mm512_mul_ps(field(0, 0xF), sup_d),
+            m: _mm512_mul_ps(field(4, 0xF), sup_m),
+            d2: _mm512_mul_ps(field(8, 0xF), sup_d),
+            m2: _mm512_mul_ps(field(12, 0xF), sup_m),
+        }
+    } else {
+        // Q4_K: sub-block b's 6-bit scale (low byte) and min (high byte).
+        BlockScales {
+            d: _mm512_mul_ps(field(0, 0xFF), sup_d),
+            m: _mm512_mul_ps(field(8, 0xFF), sup_m),
+            d2: zero,
+            m2: zero,
+        }
+    }
+}
+
+/// `acc` plus one token's share of a block for 16 row lanes: the block's integer sums `dot0`
+/// (with `H` or [`Scaling::SignedHalves`] the first half's, `dot1` the second's) as floats, the
+/// token's block scale `dxb` (broadcast) and its sums at `s` (`s[0]`, with `H` also `s[1]`: the
+/// halves'; the signed scalings read none), under `scaling`.
+#[inline(always)]
+pub(super) unsafe fn accumulate<const H: bool>(
+    scaling: Scaling,
+    acc: __m512,
+    dot0: __m512,
+    dot1: __m512,
+    dxb: __m512,
+    s: *const f32,
+    sc: &BlockScales,
+) -> __m512 {
+    match scaling {
+        Scaling::Signed => return _mm512_fmadd_ps(sc.d, _mm512_mul_ps(dot0, dxb), acc),
+        Scaling::SignedHalves => {
+            let acc = _mm512_fmadd_ps(sc.d, _mm512_mul_ps(dot0, dxb), acc);
+            return _mm512_fmadd_ps(sc.m, _mm512_mul_ps(dot1, dxb), acc);
+        }
+        _ => {}
+    }
+    if H {
+        let (s0, s1) = (*s, *s.add(1));
+        if let Scaling::Halves(k) = scaling {
+            let lo = _mm512_fmadd_ps(dot0, dxb, _mm512_set1_ps(k * s0));
+            let hi = _mm512_fmadd_ps(dot1, dxb, _mm512_set1_ps(k * s1));
+            return _mm512_fmadd_ps(sc.m, hi, _mm512_fmadd_ps(sc.d, lo, acc));
+        }
+        let acc = _mm512_fmadd_ps(sc.d, _mm512_mul_ps(dot0, dxb), acc);
+        let acc = _mm512_fmadd_ps(sc.d2, _mm512_mul_ps(dot1, dxb), acc);
+        let acc = _mm512_fmadd_ps(sc.m, _mm512_set1_ps(s0), acc);
+        return _mm512_fmadd_ps(sc.m2, _mm512_set1_ps(s1), acc);
+    }
+    let sb = *s;
+    if let Scaling::Offset(k) = scaling {
+        return _mm512_fmadd_ps(sc.d, _mm512_fmadd_ps(dot0, dxb, _mm512_set1_ps(k * sb)), acc);
+    }
+    let acc = _mm512_fmadd_ps(sc.d, _mm512_mul_ps(dot0, dxb), acc);
+    _mm512_fmadd_ps(sc.m, _mm512_set1_ps(sb), acc)
+}
