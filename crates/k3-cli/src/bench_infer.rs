@@ -84,10 +84,13 @@ fn rss_mib(field: &str) -> f64 {
         .map_or(f64::NAN, |kb| kb / 1024.0)
 }
 
-/// Read bandwidth (GB/s) of `threads` threads streaming a 512 MiB buffer, the median of 5:
-/// the wide, prefetching read loop (`simd::xor_fold`), or the plain one when that is faster.
-pub fn bandwidth_gbs(threads: usize) -> f64 {
-    let n: usize = (512 << 20) >> 3; // u64 words
+/// Bytes of the probe's first buffer: larger than any last-level cache seen on these hosts.
+pub const PROBE_BYTES: usize = 512 << 20;
+
+/// Read bandwidth (GB/s) of `threads` threads streaming a buffer of `bytes`, the median of 5: the
+/// wide, prefetching read loop (`simd::xor_fold`), or the plain one when that is faster.
+pub fn bandwidth_gbs(threads: usize, bytes: usize) -> f64 {
+    let n: usize = (bytes >> 3).max(threads * 64); // u64 words
     let buf: Vec<u64> = (0..n as u64).collect();
     let per = n.div_ceil(threads);
     let rate = |fold: fn(&[u64]) -> u64| {
@@ -102,6 +105,15 @@ pub fn bandwidth_gbs(threads: usize) -> f64 {
         median(rates)
     };
     rate(k3_kernels::simd::xor_fold).max(rate(k3_kernels::simd::xor_fold_ref))
+}
+
+/// The bandwidth a decode is held to: the faster of a [`PROBE_BYTES`] read (memory) and a read
+/// of a buffer the size of the weights a token reads (`weight_bytes`), which is the faster one
+/// when the weights fit, wholly or in part, in the last-level cache (a 92 MiB model on a host
+/// with a 480 MiB L3 read 20-50% faster than memory). Returns (bound, memory, same-size), GB/s.
+pub fn probe(threads: usize, weight_bytes: usize) -> (f64, f64, f64) {
+    let (mem, same) = (bandwidth_gbs(threads, PROBE_BYTES), bandwidth_gbs(threads, weight_bytes));
+    (mem.max(same), mem, same)
 }
 
 /// Weight bytes one decoded token reads: every tensor except the embedding table (one row) and,
@@ -188,15 +200,20 @@ struct Measured {
     paired: Vec<(f64, f64)>,
 }
 
-/// [`bandwidth_gbs`] in a child process (`k3mini bench bandwidth`), so that its 512 MiB buffer
-/// stays out of our peak RSS; `None` if it cannot run.
-fn bandwidth_child(threads: usize) -> Option<f64> {
+/// [`probe`] in a child process (`k3mini bench bandwidth`), so that its buffers stay out of our
+/// peak RSS; `None` if it cannot run.
+fn probe_child(threads: usize, weight_bytes: usize) -> Option<(f64, f64, f64)> {
     let exe = std::env::current_exe().ok()?;
-    let out = Command::new(exe).args(["bench", "bandwidth", "--threads", &threads.to_string()]).output().ok()?;
+    let args = ["bench", "bandwidth", "--threads", &threads.to_string(), "--bytes", &weight_bytes.to_string()];
+    let out = Command::new(exe).args(args).output().ok()?;
     if !out.status.success() {
         return None;
     }
-    String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+    let v: Vec<f64> = String::from_utf8_lossy(&out.stdout).split_whitespace().filter_map(|w| w.parse().ok()).collect();
+    match v[..] {
+        [bound, mem, same] => Some((bound, mem, same)),
+        _ => None,
+    }
 }
 
 /// Prefill and decode of our engine at `threads` threads, each measurement followed or preceded by
@@ -206,6 +223,7 @@ fn measure(
     ids: &[u32],
     a: &BenchInferArgs,
     threads: usize,
+    weight_bytes: usize,
     mut llama: Option<&mut Llama>,
 ) -> Result<Measured> {
     model.compute = Compute { threads, exact: false };
@@ -253,7 +271,7 @@ fn measure(
             let ours = || {
                 // At context 0 the bandwidth is probed right before each of our repeats, so that
                 // each ratio to the bound pairs a decode and a probe from the same moment.
-                let bw = if c == 0 { bandwidth_child(threads) } else { None };
+                let bw = if c == 0 { probe_child(threads, weight_bytes).map(|p| p.0) } else { None };
                 let t0 = Instant::now();
                 for &tok in &ids[block.clone()] {
                     model.forward(&[tok], &mut st, Logits::Last)?;
@@ -290,7 +308,7 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
     let ids = k3_infer::bench_ids(longest, model.vocab_size());
     let ids_file = std::env::temp_dir().join(format!("k3mini-bench-ids-{}.txt", std::process::id()));
     std::fs::write(&ids_file, ids.iter().map(u32::to_string).collect::<Vec<_>>().join(","))?;
-    let weight_bytes = weight_bytes_per_token(&a.model)?;
+    let weight_bytes = weight_bytes_per_token(&a.model)? as usize;
     let isa = k3_kernels::qgemm::Isa::best();
     println!(
         "model {} ({:.1} MiB of weights read per decoded token), ids: {longest} pseudo-random, median of {} \
@@ -309,17 +327,20 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
     let mut llama_rss = Vec::new();
     for &n in &threads {
         // The probes run in child processes, so this process's peak RSS stays the engine's own.
-        let bw = bandwidth_child(n).unwrap_or_else(|| bandwidth_gbs(n));
+        let (bw, bw_mem, bw_same) = probe_child(n, weight_bytes).unwrap_or_else(|| probe(n, weight_bytes));
         let mut llama = match a.no_llama || a.model.is_dir() {
             true => None,
             false => Llama::start(&a.model, &ids_file, n, longest + 16)?,
         };
-        let m = measure(&mut model, &ids, a, n, llama.as_mut())?;
+        let m = measure(&mut model, &ids, a, n, weight_bytes, llama.as_mut())?;
         let version = llama.as_ref().map(|l| l.version.clone());
         let rss_llama = llama.map(Llama::quit).transpose()?;
         llama_rss.extend(rss_llama);
         let bound = bw * 1e9 / weight_bytes as f64;
-        println!("\n{n} thread(s): read bandwidth {bw:.1} GB/s -> decode bound {bound:.1} tok/s");
+        println!(
+            "\n{n} thread(s): read bandwidth {bw:.1} GB/s (512 MiB: {bw_mem:.1}, the weights' size: {bw_same:.1}) \
+             -> decode bound {bound:.1} tok/s"
+        );
         println!("  {:<22} {:>10} {:>12} {:>8}", "", "ours", "llama.cpp", "ratio");
         let rows = m.prefill.iter().map(|(k, p)| (format!("prefill {k} tok/s"), p));
         for (label, p) in rows.chain(m.decode.iter().map(|(k, p)| (format!("decode @{k} tok/s"), p))) {
@@ -367,6 +388,8 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
         report.push(json!({
             "threads": n,
             "bandwidth_gbs": bw,
+            "bandwidth_gbs_512mib": bw_mem,
+            "bandwidth_gbs_weights_size": bw_same,
             "decode_bound_tok_s": bound,
             "ours": {"prefill": ours_of(&m.prefill), "decode": ours_of(&m.decode)},
             "repeats": {"prefill": each(&m.prefill), "decode": each(&m.decode)},

@@ -212,10 +212,14 @@ enum BenchCmd {
     /// Inference speed: our engine vs llama.cpp on the same GGUF, ids and threads, with ratios.
     Infer(bench_infer::BenchInferArgs),
     /// Read bandwidth of this machine (GB/s) at a thread count: the probe `bench infer` divides
-    /// weight bytes by (it runs it in a child process next to each decode measurement).
+    /// weight bytes by (it runs it in a child process next to each decode measurement). Prints
+    /// the bound's bandwidth, then a 512 MiB read's and a read of `--bytes` (the weights' size).
     Bandwidth {
         #[arg(long, default_value_t = 1)]
         threads: usize,
+        /// Bytes of the second buffer (the weights one decoded token reads)
+        #[arg(long, default_value_t = bench_infer::PROBE_BYTES)]
+        bytes: usize,
     },
     /// Training-step speed: ours vs transformers' KimiLinear vs a PyTorch Llama (needs `train`).
     #[cfg(feature = "train")]
@@ -296,8 +300,9 @@ fn run() -> Result<()> {
             torch_cmds::eval(&model, &data, &context, windows, batch, threads, json.as_deref(), signals.as_deref())
         }
         Cmd::Bench(BenchCmd::Infer(a)) => bench_infer::run(&a),
-        Cmd::Bench(BenchCmd::Bandwidth { threads }) => {
-            println!("{:.3}", bench_infer::bandwidth_gbs(threads.max(1)));
+        Cmd::Bench(BenchCmd::Bandwidth { threads, bytes }) => {
+            let (bound, mem, same) = bench_infer::probe(threads.max(1), bytes);
+            println!("{bound:.3} {mem:.3} {same:.3}");
             Ok(())
         }
         #[cfg(feature = "train")]

@@ -389,6 +389,11 @@ fn bench_infer_alternates_with_llama_cpp() {
         assert!(r["llama_cpp"][kind][key].as_f64().is_some_and(|x| x > 0.0), "{kind} {key}: no llama.cpp median");
     }
     assert!(r["llama_cpp"]["peak_rss_mib"].as_f64().is_some_and(|x| x > 0.0), "no llama.cpp RSS");
+    // The bound's bandwidth is the faster of the memory probe and the probe of the weights' size.
+    let bw = |k: &str| r[k].as_f64().unwrap_or_else(|| panic!("no {k}"));
+    let (mem, same) = (bw("bandwidth_gbs_512mib"), bw("bandwidth_gbs_weights_size"));
+    assert!(mem > 0.0 && same > 0.0, "probes {mem} / {same} GB/s");
+    assert_eq!(bw("bandwidth_gbs"), mem.max(same), "the bound takes the faster probe");
 }
 
 /// llama.cpp's converter (from the same sdist, unpacked by scripts/setup-llama-cpp).
