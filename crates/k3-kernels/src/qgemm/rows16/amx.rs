@@ -82,6 +82,8 @@ unsafe fn gemm<const SUP: bool, const H: bool, const SIGNED: bool>(
     }
     let mut unpacked = vec![_mm512_setzero_si512(); n * UNPACKED / 64];
     let mut scales: Vec<BlockScales> = Vec::with_capacity(n);
+    // The C tiles as stored, [set][half] (each tile is written whole before it is read).
+    let mut cbuf = [[[0i32; TILE * TILE]; 2]; 2];
     // Long prefills walk the tokens in blocks whose activation codes stay in L2 while every row
     // group streams past them, as the AVX-512 tiles do.
     let block = token_block(a).next_multiple_of(TILE);
@@ -95,7 +97,7 @@ unsafe fn gemm<const SUP: bool, const H: bool, const SIGNED: bool>(
             scales.clear();
             scales.extend((0..n).map(|b| block_scales::<SUP, H>(has_m, d, m, b, &mut sup)));
             for t0 in (tb..(tb + block).min(a.t)).step_by(TILE) {
-                let acc = tile::<H, SIGNED>(w.kind, scaling, a, t0, codes, &scales);
+                let acc = tile::<H, SIGNED>(w.kind, scaling, a, t0, codes, &scales, &mut cbuf);
                 store(&acc, ROWS.min(hi - g0), g0 - lo, t0, TILE.min(a.t - t0), out);
             }
         }
@@ -154,6 +156,7 @@ unsafe fn tile<const H: bool, const SIGNED: bool>(
     t0: usize,
     codes: *const u8,
     scales: &[BlockScales],
+    cbuf: &mut [[[i32; TILE * TILE]; 2]; 2],
 ) -> [__m512; TILE] {
     let (n, ld) = (a.nbp, a.nbp * BLOCK);
     let xp = |b: usize| a.qs.as_ptr().add(t0 * ld + b * BLOCK);
@@ -162,7 +165,6 @@ unsafe fn tile<const H: bool, const SIGNED: bool>(
     let dx: [*const f32; TILE] = std::array::from_fn(|m| a.d.as_ptr().add((t0 + m) * n));
     let sx: [*const f32; TILE] = std::array::from_fn(|m| a.s_for(kind, t0 + m).as_ptr());
     let mut acc = [_mm512_setzero_ps(); TILE];
-    let mut cbuf = [[[0i32; TILE * TILE]; 2]; 2]; // [set][half] C tiles
     products::<H, SIGNED>(0, xp(0), ld, wp(0));
     for b in 0..n {
         if b + 1 < n {
