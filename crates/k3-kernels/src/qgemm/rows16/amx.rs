@@ -165,19 +165,26 @@ unsafe fn tile<const H: bool, const SIGNED: bool>(
     let dx: [*const f32; TILE] = std::array::from_fn(|m| a.d.as_ptr().add((t0 + m) * n));
     let sx: [*const f32; TILE] = std::array::from_fn(|m| a.s_for(kind, t0 + m).as_ptr());
     let mut acc = [_mm512_setzero_ps(); TILE];
+    // Software-pipelined: in step b, block b + 1's products are issued and block b's sums
+    // stored while block b − 1's stored sums are scaled, so no load waits on the store before it.
     products::<H, SIGNED>(0, xp(0), ld, wp(0));
-    for b in 0..n {
+    for b in 0..=n {
         if b + 1 < n {
             products::<H, SIGNED>((b + 1) % 2, xp(b + 1), ld, wp(b + 1));
         }
-        let c = &mut cbuf[b % 2];
-        store_c::<H>(b % 2, c);
-        let sc = &scales[b];
+        if b < n {
+            store_c::<H>(b % 2, &mut cbuf[b % 2]);
+        }
+        if b == 0 {
+            continue;
+        }
+        let (pb, c) = (b - 1, &cbuf[(b - 1) % 2]);
+        let sc = &scales[pb];
         for m in 0..TILE {
             let row = |h: usize| _mm512_cvtepi32_ps(_mm512_loadu_si512(c[h].as_ptr().add(m * TILE) as *const _));
             let dot1 = if H { row(1) } else { _mm512_setzero_ps() };
-            let dxb = _mm512_set1_ps(*dx[m].add(b));
-            let s = if H { sx[m].add(2 * b) } else { sx[m].add(b) };
+            let dxb = _mm512_set1_ps(*dx[m].add(pb));
+            let s = if H { sx[m].add(2 * pb) } else { sx[m].add(pb) };
             acc[m] = accumulate::<H>(scaling, acc[m], row(0), dot1, dxb, s, sc);
         }
     }
