@@ -91,7 +91,11 @@ pub const PROBE_BYTES: usize = 512 << 20;
 /// wide, prefetching read loop (`simd::xor_fold`), or the plain one when that is faster.
 pub fn bandwidth_gbs(threads: usize, bytes: usize) -> f64 {
     let n: usize = (bytes >> 3).max(threads * 64); // u64 words
-    let buf: Vec<u64> = (0..n as u64).collect();
+                                                   // On huge pages where the system gives them, as the engine's weights are (hugepages): the
+                                                   // probe is the best read this machine does, not a read on 4 KiB pages.
+    let mut buf: Vec<u64> = Vec::with_capacity(n);
+    k3_infer::hugepages::advise(buf.as_ptr() as *const u8, 8 * n, false);
+    buf.extend(0..n as u64);
     let per = n.div_ceil(threads);
     let rate = |fold: fn(&[u64]) -> u64| {
         let mut rates = Vec::new();
@@ -309,6 +313,7 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
     let ids_file = std::env::temp_dir().join(format!("k3mini-bench-ids-{}.txt", std::process::id()));
     std::fs::write(&ids_file, ids.iter().map(u32::to_string).collect::<Vec<_>>().join(","))?;
     let weight_bytes = weight_bytes_per_token(&a.model)? as usize;
+    let huge = k3_infer::hugepages::huge_bytes();
     let isa = k3_kernels::qgemm::Isa::best();
     println!(
         "model {} ({:.1} MiB of weights read per decoded token), ids: {longest} pseudo-random, median of {} \
@@ -322,6 +327,14 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
         isa.for_tokens(1).name(),
         k3_infer::model::PREFILL_CHUNK
     );
+    match huge {
+        Some(h) => println!(
+            "on transparent huge pages after the load: {:.0} MiB (K3MINI_HUGEPAGES=0 turns them off, for the \
+             engine and the bandwidth probes alike)",
+            h as f64 / (1 << 20) as f64
+        ),
+        None => println!("transparent huge pages: not reported by this system"),
+    }
     let mut report = Vec::new();
     let (mut decode_series, mut prefill_series) = (Vec::new(), Vec::new());
     let mut llama_rss = Vec::new();
@@ -413,7 +426,8 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
     if let Some(p) = &a.json {
         let j = json!({"model": a.model.display().to_string(), "weight_bytes_per_token": weight_bytes,
                        "isa_prefill": isa.name(), "isa_decode": isa.for_tokens(1).name(),
-                       "peak_rss_mib_ours": rss, "start_rss_mib_ours": start_rss, "decode_tokens": a.decode_tokens, "repeat": a.repeat,
+                       "peak_rss_mib_ours": rss, "start_rss_mib_ours": start_rss,
+                       "huge_pages_mib_after_load": huge.map(|h| h as f64 / (1 << 20) as f64), "decode_tokens": a.decode_tokens, "repeat": a.repeat,
                        "prefill_pass_tokens": {"ours": k3_infer::model::PREFILL_CHUNK, "llama_cpp": 512},
                        "runs": report});
         k3_format::safetensors_io::write_atomic(p, serde_json::to_string_pretty(&j)?.as_bytes())?;

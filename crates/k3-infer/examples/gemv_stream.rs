@@ -73,7 +73,12 @@ fn main() {
     // Streaming reads of a buffer of the same size: the plain loop and the wide, prefetching
     // one (the benchmark's bandwidth probe takes the faster).
     let n = bytes / 8;
-    let buf: Vec<u64> = (0..n as u64).collect();
+    // The matrices and the probe's buffer on huge pages alike, as the engine and the benchmark's
+    // probe have them.
+    k3_infer::hugepages::collapse_anonymous();
+    let mut buf: Vec<u64> = Vec::with_capacity(n);
+    k3_infer::hugepages::advise(buf.as_ptr() as *const u8, 8 * n, false);
+    buf.extend(0..n as u64);
     let stream = |fold: fn(&[u64]) -> u64| {
         let mut bw = Vec::new();
         for _ in 0..7 {

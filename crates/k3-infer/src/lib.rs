@@ -11,6 +11,7 @@
 pub mod calib;
 pub mod engine;
 pub mod ffn;
+pub mod hugepages;
 pub mod kda;
 pub mod kimi;
 pub mod kv;

@@ -82,6 +82,8 @@ impl Model {
             ModelConfig::Kimi(c) => c.max_position_embeddings,
             ModelConfig::Llama(c) => c.max_position_embeddings,
         };
+        // The repacked weights on transparent huge pages (a hint; see hugepages).
+        crate::hugepages::collapse_anonymous();
         Ok((Self { net, config, n_ctx, compute: Compute::default() }, warnings))
     }
 

@@ -1,0 +1,137 @@
+//! Transparent huge pages for the engine's large buffers. A decode streams every weight once a
+//! token; with 4 KiB pages that is a TLB miss every 4 KiB and a hardware prefetcher that stops
+//! at each page. On a host whose THP setting is `madvise` (nothing gets huge pages unless asked),
+//! a 512 MiB read ran at 22.5–24 GB/s on 4 KiB pages and 30–35 GB/s on 2 MiB pages (2 threads),
+//! and the 370M model decoded ~17% faster with its weights on huge pages.
+//!
+//! [`collapse_anonymous`] asks the kernel to back every large anonymous mapping of the process
+//! (the heap, where the repacked weights are, and the larger buffers mapped on their own) by huge
+//! pages now (`MADV_COLLAPSE`, Linux 6.1+) and from then on (`MADV_HUGEPAGE`, so that the heap's
+//! later growth faults them in directly). [`advise`] does it for one buffer. Both are hints: on
+//! other systems, with THP disabled or when the kernel refuses, nothing changes and they return 0.
+//! `K3MINI_HUGEPAGES=0` turns them off (to measure without).
+
+/// Bytes of a huge page (x86-64, aarch64 with 4 KiB base pages).
+pub const HUGE: usize = 2 << 20;
+
+#[cfg(target_os = "linux")]
+mod sys {
+    pub const MADV_HUGEPAGE: i32 = 14;
+    pub const MADV_COLLAPSE: i32 = 25;
+    extern "C" {
+        pub fn madvise(addr: *mut std::ffi::c_void, len: usize, advice: i32) -> i32;
+    }
+}
+
+/// Whether huge pages are wanted (`K3MINI_HUGEPAGES=0` says no).
+pub fn enabled() -> bool {
+    std::env::var("K3MINI_HUGEPAGES").map_or(true, |v| v != "0")
+}
+
+/// The whole huge pages inside [start, start + len).
+fn inner(start: usize, len: usize) -> Option<(usize, usize)> {
+    let lo = start.next_multiple_of(HUGE);
+    let hi = (start + len) / HUGE * HUGE;
+    (hi > lo).then_some((lo, hi - lo))
+}
+
+/// Ask for huge pages on the whole 2 MiB pages of [ptr, ptr + len): from now on, and with
+/// `collapse` also for the pages already there (as far as the kernel finds free huge pages; what
+/// it could not collapse, its background thread may later). Returns the bytes the kernel took
+/// the advice for (0 where it refused, or where the range holds no whole huge page);
+/// [`huge_bytes`] tells what the process has on huge pages.
+pub fn advise(ptr: *const u8, len: usize, collapse: bool) -> usize {
+    let Some((lo, n)) = inner(ptr as usize, len) else { return 0 };
+    if !enabled() {
+        return 0;
+    }
+    #[cfg(target_os = "linux")]
+    {
+        let p = lo as *mut std::ffi::c_void;
+        // SAFETY: madvise with these advices changes how the range is backed, never its contents;
+        // the caller's range is mapped (it is a live buffer), and so is its inner part.
+        if unsafe { sys::madvise(p, n, sys::MADV_HUGEPAGE) } != 0 {
+            return 0;
+        }
+        if collapse {
+            // SAFETY: as above. A refusal (no free huge pages, an older kernel) leaves the range
+            // as it was; the advice above still holds for its later faults.
+            unsafe { sys::madvise(p, n, sys::MADV_COLLAPSE) };
+        }
+        return n;
+    }
+    #[allow(unreachable_code)]
+    {
+        let _ = (lo, n, collapse);
+        0
+    }
+}
+
+/// Bytes of this process's anonymous memory on huge pages (`AnonHugePages` of
+/// `/proc/self/smaps_rollup`), where the system reports it.
+pub fn huge_bytes() -> Option<usize> {
+    let s = std::fs::read_to_string("/proc/self/smaps_rollup").ok()?;
+    let line = s.lines().find(|l| l.starts_with("AnonHugePages:"))?;
+    Some(line.split_whitespace().nth(1)?.parse::<usize>().ok()? * 1024)
+}
+
+/// [`advise`] (with collapse) for every private, writable, anonymous mapping of this process of
+/// at least one whole huge page: the heap and the buffers mapped on their own. Returns the bytes
+/// advised. Reads `/proc/self/maps`; 0 where there is none.
+pub fn collapse_anonymous() -> usize {
+    if !enabled() {
+        return 0;
+    }
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return 0 };
+    anonymous_ranges(&maps).into_iter().map(|(lo, len)| advise(lo as *const u8, len, true)).sum()
+}
+
+/// `/proc/self/maps` lines of private writable mappings with no file (or the heap): (start, len).
+fn anonymous_ranges(maps: &str) -> Vec<(usize, usize)> {
+    maps.lines()
+        .filter_map(|line| {
+            let mut f = line.split_whitespace();
+            let (range, perms, _off, _dev, inode) = (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
+            let name = f.next();
+            let anonymous = inode == "0" && (name.is_none() || name == Some("[heap]"));
+            if !(anonymous && perms.starts_with("rw") && perms.ends_with('p')) {
+                return None;
+            }
+            let (a, b) = range.split_once('-')?;
+            let (a, b) = (usize::from_str_radix(a, 16).ok()?, usize::from_str_radix(b, 16).ok()?);
+            (b > a && inner(a, b - a).is_some()).then_some((a, b - a))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_whole_huge_pages_of_private_anonymous_mappings() {
+        let maps = "\
+00400000-00600000 r-xp 00000000 08:01 123 /usr/bin/x
+01000000-05000000 rw-p 00000000 00:00 0 [heap]
+7f0000000000-7f0000100000 rw-p 00000000 00:00 0
+7f0000200000-7f0000a00000 rw-p 00000000 00:00 0
+7f0001000000-7f0001800000 rw-s 00000000 00:05 77 /dev/shm/x
+7f0002000000-7f0002800000 rw-p 00000000 08:01 99 /data/model.gguf
+7ffd00000000-7ffd00400000 rw-p 00000000 00:00 0 [stack]
+";
+        // The heap and the 8 MiB anonymous mapping; not the 1 MiB one (no whole huge page), the
+        // shared or file-backed ones, the code or the stack.
+        assert_eq!(anonymous_ranges(maps), vec![(0x0100_0000, 0x0400_0000), (0x7f00_0020_0000, 0x80_0000)]);
+        assert_eq!(inner(HUGE + 1, 3 * HUGE), Some((2 * HUGE, 2 * HUGE)));
+        assert_eq!(inner(1, HUGE), None);
+    }
+
+    #[test]
+    fn advising_keeps_the_contents() {
+        // Whatever the kernel does with the advice (take it, refuse it), the bytes stay.
+        let v: Vec<u64> = (0..(3 * HUGE as u64) / 8).collect();
+        advise(v.as_ptr() as *const u8, v.len() * 8, true);
+        collapse_anonymous();
+        assert!(v.iter().enumerate().all(|(i, &x)| x == i as u64));
+    }
+}
