@@ -112,9 +112,19 @@ fn every_isa_matches_ggml_vec_dot() {
     // as Q8_0 in row pairs), IQ4_NL the byte-code tiles with its nibbles looked up (16-row
     // layout; Q8_0 in row pairs).
     for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_NL] {
-        for &(rows, cols, t) in
-            &[(1, 32, 1), (7, 96, 3), (9, 256, 5), (16, 576, 8), (5, 64, 13), (33, 96, 37), (40, 320, 17), (6, 1088, 2)]
-        {
+        for &(rows, cols, t) in &[
+            (1, 32, 1),
+            (7, 96, 3),
+            (9, 256, 5),
+            (16, 576, 8),
+            (5, 64, 13),
+            (33, 96, 37),
+            (40, 320, 17),
+            (6, 1088, 2),
+            (150, 256, 1),
+            (64, 64, 1),
+            (60, 64, 1),
+        ] {
             let w = rng.normals(rows * cols, 0.4);
             let x = rng.normals(t * cols, 1.5);
             let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
@@ -148,8 +158,11 @@ fn every_isa_matches_ggml_vec_dot() {
                     }
                 }
                 for (lo, hi) in [(0, rows), (mid, rows)] {
-                    let mut got = vec![0f32; (hi - lo) * t];
+                    // A guard past the output: no path writes rows it was not asked for.
+                    let mut got = vec![0f32; (hi - lo) * t + 64];
                     gemm_rows(isa, p, &a, lo, hi, &mut got);
+                    let guard = got.split_off((hi - lo) * t);
+                    assert!(guard.iter().all(|&g| g == 0.0), "{} {}: wrote past its rows", ty.name(), isa.name());
                     for (i, (g, e)) in got.iter().zip(&want[lo * t..hi * t]).enumerate() {
                         let scale = 1.0 + e.abs();
                         assert!(
@@ -180,7 +193,7 @@ fn k_quant_tiles_match_ggml_codes_and_scales() {
     let f = |bits: u16| half::f16::from_bits(bits).to_f32() as f64;
     let mut rng = Rng::new(23);
     for ty in [GgmlType::Q6_K, GgmlType::Q5_K, GgmlType::Q4_K, GgmlType::Q3_K, GgmlType::Q2_K] {
-        for &(rows, cols, t) in &[(16, 256, 1), (21, 512, 3), (40, 768, 9), (17, 256, 17)] {
+        for &(rows, cols, t) in &[(16, 256, 1), (21, 512, 3), (40, 768, 9), (17, 256, 17), (70, 512, 1)] {
             let w = rng.normals(rows * cols, 0.4);
             let x = rng.normals(t * cols, 1.5);
             let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();

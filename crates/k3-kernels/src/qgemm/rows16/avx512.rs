@@ -8,9 +8,48 @@ use super::{Operands, OutMat, Packed, QActs, Scaling, BLOCK, GROUP_BLOCK, GROUP_
 /// group's first row, output).
 pub(super) type TileArgs<'a> = (&'a Packed, &'a QActs, usize, usize, usize, usize, OutMat);
 
-/// 16 rows × C tokens over every block of a nibble kind with P high-bit planes: per block,
-/// the eight 4-code group products, each group's codes completed by one masked byte add per
-/// plane; summed (with VNNI) in two sets of 32-bit lanes, codes 0..16 and 16..32; without
+/// The row groups one tile walks in lockstep, `G` of them (each 16 rows from `r0[g]`, of which
+/// `valid[g]` exist), for tokens t0..t0 + C; output row `o − lo` holds weight row o.
+#[derive(Clone, Copy)]
+pub(super) struct Groups<'a, const G: usize> {
+    pub w: &'a Packed,
+    pub a: &'a QActs,
+    pub r0: [usize; G],
+    pub valid: [usize; G],
+    pub t0: usize,
+    pub lo: usize,
+    pub out: OutMat,
+}
+
+impl<'a> Groups<'a, 1> {
+    /// The one group of a [`TileArgs`].
+    #[inline(always)]
+    pub(super) fn one((w, a, r0, t0, valid, orow, out): TileArgs<'a>) -> Self {
+        Groups { w, a, r0: [r0], valid: [valid], t0, lo: r0 - orow, out }
+    }
+}
+
+impl<const G: usize> Groups<'_, G> {
+    /// Each group's row lanes for each token (`acc[g][c]`) into the output's valid rows.
+    #[inline(always)]
+    unsafe fn store<const C: usize>(&self, acc: &[[__m512; C]; G]) {
+        let mut lanes = [0f32; ROWS];
+        for g in 0..G {
+            for (c, &v) in acc[g].iter().enumerate() {
+                _mm512_storeu_ps(lanes.as_mut_ptr(), v);
+                for (r, &x) in lanes.iter().enumerate().take(self.valid[g]) {
+                    self.out.put(self.r0[g] - self.lo + r, self.t0 + c, x);
+                }
+            }
+        }
+    }
+}
+
+/// 16 rows × C tokens over every block of a nibble kind with P high-bit planes, for each of G
+/// row groups in lockstep (decode walks four: four streams from memory at once, where one
+/// left the core's prefetchers idle half the time; one where there are several tokens): per
+/// block, the eight 4-code group products, each group's codes completed by one masked byte add
+/// per plane; summed (with VNNI) in two sets of 32-bit lanes, codes 0..16 and 16..32; without
 /// VNNI, Q4's in 16-bit lanes (with `H`, the kinds whose scales change every 16 codes, in two
 /// sets) and the wider codes' widened to 32 bits per product. Then per row lane
 /// `d_w·(d_x·dot + k·s)` (Q4_0 k = −8, Q5_0 −16), `d_w·d_x·dot + m·s` (Q4_1, Q5_1, Q5_K;
@@ -19,11 +58,19 @@ pub(super) type TileArgs<'a> = (&'a Packed, &'a QActs, usize, usize, usize, usiz
 /// `d·(d_x·dot₀ + k·s₀) + m·(d_x·dot₁ + k·s₁)` (Q6_K k = −32, Q3_K −4) or, with `SUP` too,
 /// `Σ_h d_h·d_x·dot_h + m_h·s_h` (Q2_K, each half's scale and min formed as Q4_K's).
 #[inline(always)]
-pub(super) unsafe fn tile<const C: usize, const VNNI: bool, const P: usize, const SUP: bool, const H: bool>(
-    (w, a, r0, t0, valid, orow, out): TileArgs,
+pub(super) unsafe fn tile<
+    const C: usize,
+    const G: usize,
+    const VNNI: bool,
+    const P: usize,
+    const SUP: bool,
+    const H: bool,
+>(
+    gs: Groups<G>,
 ) {
-    let ops = Operands::<C>::new(w, a, r0, t0);
-    let Operands { n, d, m, xq, dx, sx, .. } = ops;
+    let (w, a) = (gs.w, gs.a);
+    let ops: [Operands<C>; G] = std::array::from_fn(|g| Operands::<C>::new(w, a, gs.r0[g], gs.t0));
+    let Operands { n, xq, dx, sx, .. } = ops[0];
     // Super-block scales (Q4_K, Q2_K) known at compile time, so the other kinds' tiles carry
     // none of their work.
     let scaling = match (SUP, H) {
@@ -33,106 +80,115 @@ pub(super) unsafe fn tile<const C: usize, const VNNI: bool, const P: usize, cons
     };
     let has_m = matches!(scaling, Scaling::Min | Scaling::Halves(_));
     let (nib, ones) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi16(1));
-    let mut acc = [_mm512_setzero_ps(); C];
-    // Q4_K, Q2_K: the current super-block's d and −dmin per row lane.
-    let mut sup = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    let gb = GROUP_BLOCK + P * PLANE;
+    let mut acc = [[_mm512_setzero_ps(); C]; G];
+    // Q4_K, Q2_K: each group's current super-block d and −dmin per row lane.
+    let mut sup = [(_mm512_setzero_ps(), _mm512_setzero_ps()); G];
     for b in 0..n {
-        let qb = ops.block(b, GROUP_BLOCK + P * PLANE);
-        ops.scales_ahead(b, GROUP_BLOCK + P * PLANE, has_m);
-        if b % 2 == 0 {
-            _mm_prefetch::<_MM_HINT_T0>(d.wrapping_add(b * ROWS + PF_BYTES / 8) as *const i8);
-            if has_m {
-                _mm_prefetch::<_MM_HINT_T0>(m.wrapping_add(b * ROWS + PF_BYTES / 8) as *const i8);
+        let qb: [*const u8; G] = std::array::from_fn(|g| {
+            let op = &ops[g];
+            let qb = op.block(b, gb);
+            op.scales_ahead(b, gb, has_m);
+            if b % 2 == 0 {
+                _mm_prefetch::<_MM_HINT_T0>(op.d.wrapping_add(b * ROWS + PF_BYTES / 8) as *const i8);
+                if has_m {
+                    _mm_prefetch::<_MM_HINT_T0>(op.m.wrapping_add(b * ROWS + PF_BYTES / 8) as *const i8);
+                }
             }
-        }
-        let planes = qb.add(GROUP_BLOCK) as *const u64;
-        let (mut isum, mut isum2) = ([_mm512_setzero_si512(); C], [_mm512_setzero_si512(); C]);
+            qb
+        });
+        let (mut isum, mut isum2) = ([[_mm512_setzero_si512(); C]; G], [[_mm512_setzero_si512(); C]; G]);
         for j in 0..4 {
-            let v = _mm512_loadu_si512(qb.add(j * 64) as *const _);
-            let mut lo4 = _mm512_and_si512(v, nib); // codes 4j..4j+4 of each row
-            let mut hi4 = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib); // codes 16+4j..
-            for p in 0..P {
-                let bit = _mm512_set1_epi8(16 << p);
-                let (ml, mh) = (planes.add(j * P + p).read_unaligned(), planes.add((4 + j) * P + p).read_unaligned());
-                lo4 = _mm512_mask_add_epi8(lo4, ml, lo4, bit);
-                hi4 = _mm512_mask_add_epi8(hi4, mh, hi4, bit);
-            }
-            for c in 0..C {
-                let xa = _mm512_set1_epi32((xq[c].add(b * BLOCK + 4 * j) as *const i32).read_unaligned());
-                let xb = _mm512_set1_epi32((xq[c].add(b * BLOCK + 16 + 4 * j) as *const i32).read_unaligned());
-                if VNNI {
-                    isum[c] = _mm512_dpbusd_epi32(isum[c], lo4, xa);
-                    isum2[c] = _mm512_dpbusd_epi32(isum2[c], hi4, xb);
-                } else if P == 0 && !H {
-                    isum[c] = _mm512_add_epi16(isum[c], _mm512_maddubs_epi16(lo4, xa));
-                    isum[c] = _mm512_add_epi16(isum[c], _mm512_maddubs_epi16(hi4, xb));
-                } else if P == 0 {
-                    // Codes ≤ 7: four groups of two products stay within 16 bits.
-                    isum[c] = _mm512_add_epi16(isum[c], _mm512_maddubs_epi16(lo4, xa));
-                    isum2[c] = _mm512_add_epi16(isum2[c], _mm512_maddubs_epi16(hi4, xb));
-                } else {
-                    isum[c] = _mm512_add_epi32(isum[c], _mm512_madd_epi16(_mm512_maddubs_epi16(lo4, xa), ones));
-                    isum2[c] = _mm512_add_epi32(isum2[c], _mm512_madd_epi16(_mm512_maddubs_epi16(hi4, xb), ones));
+            for g in 0..G {
+                let planes = qb[g].add(GROUP_BLOCK) as *const u64;
+                let v = _mm512_loadu_si512(qb[g].add(j * 64) as *const _);
+                let mut lo4 = _mm512_and_si512(v, nib); // codes 4j..4j+4 of each row
+                let mut hi4 = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib); // codes 16+4j..
+                for p in 0..P {
+                    let bit = _mm512_set1_epi8(16 << p);
+                    let (ml, mh) =
+                        (planes.add(j * P + p).read_unaligned(), planes.add((4 + j) * P + p).read_unaligned());
+                    lo4 = _mm512_mask_add_epi8(lo4, ml, lo4, bit);
+                    hi4 = _mm512_mask_add_epi8(hi4, mh, hi4, bit);
+                }
+                let (isum, isum2) = (&mut isum[g], &mut isum2[g]);
+                for c in 0..C {
+                    let xa = _mm512_set1_epi32((xq[c].add(b * BLOCK + 4 * j) as *const i32).read_unaligned());
+                    let xb = _mm512_set1_epi32((xq[c].add(b * BLOCK + 16 + 4 * j) as *const i32).read_unaligned());
+                    if VNNI {
+                        isum[c] = _mm512_dpbusd_epi32(isum[c], lo4, xa);
+                        isum2[c] = _mm512_dpbusd_epi32(isum2[c], hi4, xb);
+                    } else if P == 0 && !H {
+                        isum[c] = _mm512_add_epi16(isum[c], _mm512_maddubs_epi16(lo4, xa));
+                        isum[c] = _mm512_add_epi16(isum[c], _mm512_maddubs_epi16(hi4, xb));
+                    } else if P == 0 {
+                        // Codes ≤ 7: four groups of two products stay within 16 bits.
+                        isum[c] = _mm512_add_epi16(isum[c], _mm512_maddubs_epi16(lo4, xa));
+                        isum2[c] = _mm512_add_epi16(isum2[c], _mm512_maddubs_epi16(hi4, xb));
+                    } else {
+                        isum[c] = _mm512_add_epi32(isum[c], _mm512_madd_epi16(_mm512_maddubs_epi16(lo4, xa), ones));
+                        isum2[c] = _mm512_add_epi32(isum2[c], _mm512_madd_epi16(_mm512_maddubs_epi16(hi4, xb), ones));
+                    }
                 }
             }
         }
-        let sc = block_scales::<SUP, H>(has_m, d, m, b, &mut sup);
-        for c in 0..C {
-            let dxb = _mm512_set1_ps(*dx[c].add(b));
-            let (dot0, dot1) = if H {
-                let (dot0, dot1) = if VNNI || P > 0 {
-                    (isum[c], isum2[c])
+        for g in 0..G {
+            let sc = block_scales::<SUP, H>(has_m, ops[g].d, ops[g].m, b, &mut sup[g]);
+            for c in 0..C {
+                let dxb = _mm512_set1_ps(*dx[c].add(b));
+                let (dot0, dot1) = if H {
+                    let (dot0, dot1) = if VNNI || P > 0 {
+                        (isum[g][c], isum2[g][c])
+                    } else {
+                        (_mm512_madd_epi16(isum[g][c], ones), _mm512_madd_epi16(isum2[g][c], ones))
+                    };
+                    (_mm512_cvtepi32_ps(dot0), _mm512_cvtepi32_ps(dot1))
+                } else if VNNI || P > 0 {
+                    (_mm512_cvtepi32_ps(_mm512_add_epi32(isum[g][c], isum2[g][c])), _mm512_setzero_ps())
                 } else {
-                    (_mm512_madd_epi16(isum[c], ones), _mm512_madd_epi16(isum2[c], ones))
+                    (_mm512_cvtepi32_ps(_mm512_madd_epi16(isum[g][c], ones)), _mm512_setzero_ps())
                 };
-                (_mm512_cvtepi32_ps(dot0), _mm512_cvtepi32_ps(dot1))
-            } else if VNNI || P > 0 {
-                (_mm512_cvtepi32_ps(_mm512_add_epi32(isum[c], isum2[c])), _mm512_setzero_ps())
-            } else {
-                (_mm512_cvtepi32_ps(_mm512_madd_epi16(isum[c], ones)), _mm512_setzero_ps())
-            };
-            let s = if H { sx[c].add(2 * b) } else { sx[c].add(b) };
-            acc[c] = accumulate::<H>(scaling, acc[c], dot0, dot1, dxb, s, &sc);
+                let s = if H { sx[c].add(2 * b) } else { sx[c].add(b) };
+                acc[g][c] = accumulate::<H>(scaling, acc[g][c], dot0, dot1, dxb, s, &sc);
+            }
         }
     }
-    let mut lanes = [0f32; ROWS];
-    for c in 0..C {
-        _mm512_storeu_ps(lanes.as_mut_ptr(), acc[c]);
-        for (r, &v) in lanes.iter().enumerate().take(valid) {
-            out.put(orow + r, t0 + c, v);
-        }
-    }
+    gs.store(&acc);
 }
 
-/// Q8_0: 16 rows × C tokens over every block; per block eight 4-code groups, each a sign-trick
-/// vpmaddubsw widened by vpmaddwd into 32-bit lanes, then `d_w·d_x·dot` per row lane (the codes
-/// are flipped back to signed, so no offset term). With VNNI, vpdpbusd of the stored codes
-/// (code + 128) into two sets of 32-bit lanes, then `d_w·(d_x·dot − 128·s)`. With `NL`
-/// (IQ4_NL), each group's codes are its nibbles (Q4's layout: groups j and j + 4 share a
-/// 64-byte load) looked up in [`super::super::NL_CODES`] by one vpshufb; the rest as Q8_0.
+/// Q8_0: 16 rows × C tokens over every block, for each of G row groups in lockstep (as
+/// [`tile`]); per block eight 4-code groups, each a sign-trick vpmaddubsw widened by vpmaddwd
+/// into 32-bit lanes, then `d_w·d_x·dot` per row lane (the codes are flipped back to signed, so
+/// no offset term). With VNNI, vpdpbusd of the stored codes (code + 128) into two sets of 32-bit
+/// lanes, then `d_w·(d_x·dot − 128·s)`. With `NL` (IQ4_NL), each group's codes are its nibbles
+/// (Q4's layout: groups j and j + 4 share a 64-byte load) looked up in
+/// [`super::super::NL_CODES`] by one vpshufb; the rest as Q8_0.
 #[inline(always)]
-pub(super) unsafe fn tile_q8<const C: usize, const VNNI: bool, const NL: bool>(
-    (w, a, r0, t0, valid, orow, out): TileArgs,
-) {
-    let ops = Operands::<C>::new(w, a, r0, t0);
-    let Operands { n, d, xq, dx, sx, .. } = ops;
+pub(super) unsafe fn tile_q8<const C: usize, const G: usize, const VNNI: bool, const NL: bool>(gs: Groups<G>) {
+    let (w, a) = (gs.w, gs.a);
+    let ops: [Operands<C>; G] = std::array::from_fn(|g| Operands::<C>::new(w, a, gs.r0[g], gs.t0));
+    let Operands { n, xq, dx, sx, .. } = ops[0];
     let (flip, ones, zero) = (_mm512_set1_epi8(-128), _mm512_set1_epi16(1), _mm512_setzero_si512());
     let (low, table) = (_mm512_set1_epi8(0x0F), super::nl_table_512());
     let gb = if NL { GROUP_BLOCK } else { GROUP_BLOCK_Q8 };
-    let mut acc = [_mm512_setzero_ps(); C];
+    let mut acc = [[_mm512_setzero_ps(); C]; G];
     for b in 0..n {
-        let qb = ops.block(b, gb);
-        ops.scales_ahead(b, gb, false);
-        _mm_prefetch::<_MM_HINT_T0>(d.wrapping_add((b + PF_BYTES / gb) * ROWS) as *const i8);
-        let (mut isum, mut isum2) = ([_mm512_setzero_si512(); C], [_mm512_setzero_si512(); C]);
-        // Group j's 4-code products for every token, into `sum`.
-        let group = |j: usize, sum: &mut [__m512i; C]| {
+        let qb: [*const u8; G] = std::array::from_fn(|g| {
+            let op = &ops[g];
+            let qb = op.block(b, gb);
+            op.scales_ahead(b, gb, false);
+            _mm_prefetch::<_MM_HINT_T0>(op.d.wrapping_add((b + PF_BYTES / gb) * ROWS) as *const i8);
+            qb
+        });
+        let (mut isum, mut isum2) = ([[_mm512_setzero_si512(); C]; G], [[_mm512_setzero_si512(); C]; G]);
+        // Group j's 4-code products of row group g for every token, into `sum`.
+        let group = |g: usize, j: usize, sum: &mut [__m512i; C]| {
             let u = if NL {
-                let v = _mm512_loadu_si512(qb.add((j % 4) * 64) as *const _);
+                let v = _mm512_loadu_si512(qb[g].add((j % 4) * 64) as *const _);
                 let v = if j < 4 { v } else { _mm512_srli_epi16(v, 4) };
                 _mm512_shuffle_epi8(table, _mm512_and_si512(v, low))
             } else {
-                _mm512_loadu_si512(qb.add(j * 64) as *const _)
+                _mm512_loadu_si512(qb[g].add(j * 64) as *const _)
             }; // code + 128
             let x = |c: usize| _mm512_set1_epi32((xq[c].add(b * BLOCK + 4 * j) as *const i32).read_unaligned());
             if VNNI {
@@ -152,28 +208,26 @@ pub(super) unsafe fn tile_q8<const C: usize, const VNNI: bool, const NL: bool>(
         // group's set fixed at compile time (a set chosen per group at run time kept the sums
         // in memory: Q8_0 prefill ran at a quarter of its speed).
         for p in 0..4 {
-            group(2 * p, &mut isum);
-            group(2 * p + 1, &mut isum2);
+            for g in 0..G {
+                group(g, 2 * p, &mut isum[g]);
+                group(g, 2 * p + 1, &mut isum2[g]);
+            }
         }
-        let wd = _mm512_cvtph_ps(_mm256_loadu_si256(d.add(b * ROWS) as *const __m256i));
-        for c in 0..C {
-            let dxb = _mm512_set1_ps(*dx[c].add(b));
-            let dot = _mm512_cvtepi32_ps(_mm512_add_epi32(isum[c], isum2[c]));
-            let t = if VNNI {
-                _mm512_fmadd_ps(dot, dxb, _mm512_set1_ps(-128.0 * *sx[c].add(b)))
-            } else {
-                _mm512_mul_ps(dot, dxb)
-            };
-            acc[c] = _mm512_fmadd_ps(wd, t, acc[c]);
-        }
-    }
-    let mut lanes = [0f32; ROWS];
-    for c in 0..C {
-        _mm512_storeu_ps(lanes.as_mut_ptr(), acc[c]);
-        for (r, &v) in lanes.iter().enumerate().take(valid) {
-            out.put(orow + r, t0 + c, v);
+        for g in 0..G {
+            let wd = _mm512_cvtph_ps(_mm256_loadu_si256(ops[g].d.add(b * ROWS) as *const __m256i));
+            for c in 0..C {
+                let dxb = _mm512_set1_ps(*dx[c].add(b));
+                let dot = _mm512_cvtepi32_ps(_mm512_add_epi32(isum[g][c], isum2[g][c]));
+                let t = if VNNI {
+                    _mm512_fmadd_ps(dot, dxb, _mm512_set1_ps(-128.0 * *sx[c].add(b)))
+                } else {
+                    _mm512_mul_ps(dot, dxb)
+                };
+                acc[g][c] = _mm512_fmadd_ps(wd, t, acc[g][c]);
+            }
         }
     }
+    gs.store(&acc);
 }
 
 /// One block's scales per row lane: `d` the scale (Q6_K, Q3_K: the first half's), `m` the min
