@@ -30,9 +30,9 @@ pub fn enabled() -> bool {
 
 /// The whole huge pages inside [start, start + len).
 fn inner(start: usize, len: usize) -> Option<(usize, usize)> {
-    let lo = start.next_multiple_of(HUGE);
-    let hi = (start + len) / HUGE * HUGE;
-    (hi > lo).then_some((lo, hi - lo))
+    let lo = start.checked_next_multiple_of(HUGE)?;
+    let hi = start.checked_add(len)? / HUGE * HUGE;
+    hi.checked_sub(lo).filter(|&n| n > 0).map(|n| (lo, n))
 }
 
 /// Ask for huge pages on the whole 2 MiB pages of [ptr, ptr + len): from now on, and with
@@ -124,6 +124,8 @@ mod tests {
         assert_eq!(anonymous_ranges(maps), vec![(0x0100_0000, 0x0400_0000), (0x7f00_0020_0000, 0x80_0000)]);
         assert_eq!(inner(HUGE + 1, 3 * HUGE), Some((2 * HUGE, 2 * HUGE)));
         assert_eq!(inner(1, HUGE), None);
+        assert_eq!(inner(HUGE + 1, 10), None); // inside one huge page: none whole
+        assert_eq!(inner(usize::MAX - 5, 3), None);
     }
 
     #[test]
