@@ -208,32 +208,77 @@ pub(super) unsafe fn tile<const C: usize, const P: usize, const H: bool, const U
     }
 }
 
-/// Q8_0: [`super::avx512::tile_q8`] without VNNI, on two halves (vpsignb for the sign trick); with
-/// `NL` (IQ4_NL) the codes are nibbles looked up in the table as there.
+/// Group j's (< 8) signed codes of one block, rows 0–7 and 8–15, from a group-block at `qb`: Q8_0's
+/// stored bytes, or (`NL`) IQ4_NL's nibbles looked up in the table; both flipped back to signed.
 #[inline(always)]
-pub(super) unsafe fn tile_q8<const C: usize, const NL: bool>((w, a, r0, t0, valid, orow, out): TileArgs) {
+unsafe fn signed_q8<const NL: bool>(qb: *const u8, j: usize) -> [__m256i; 2] {
+    let (flip, low) = (_mm256_set1_epi8(-128), _mm256_set1_epi8(0x0F));
+    let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(super::super::NL_CODES.as_ptr() as *const _));
+    std::array::from_fn(|h| {
+        let u = if NL {
+            let v = _mm256_loadu_si256(qb.add((j % 4) * 64 + 32 * h) as *const _);
+            let v = if j < 4 { v } else { _mm256_srli_epi16(v, 4) };
+            _mm256_shuffle_epi8(table, _mm256_and_si256(v, low))
+        } else {
+            _mm256_loadu_si256(qb.add(j * 64 + 32 * h) as *const _)
+        };
+        _mm256_xor_si256(u, flip)
+    })
+}
+
+/// Registers a block of one row group takes unpacked for [`tile_q8`] with `U`: per 4-code group j
+/// and half h, the signed codes and their magnitudes.
+pub(super) const UNPACKED_Q8_PER_BLOCK: usize = 32;
+
+/// Row group r0 / 16's byte codes (Q8_0, or with `NL` IQ4_NL's looked up), every block, as
+/// [`tile_q8`] with `U` reads them: `[b][j][h][signed, |signed|]`.
+#[inline(always)]
+pub(super) unsafe fn unpack_group_q8<const NL: bool>(w: &super::Packed, r0: usize, out: &mut [__m256i]) {
+    let gb = super::group_block(w.kind);
+    let q = w.qs.as_ptr().add(r0 / ROWS * w.nbp * gb);
+    for (b, out) in out.chunks_exact_mut(UNPACKED_Q8_PER_BLOCK).enumerate().take(w.nbp) {
+        for j in 0..8 {
+            for (h, v) in signed_q8::<NL>(q.add(b * gb), j).into_iter().enumerate() {
+                _mm256_store_si256(&mut out[j * 4 + 2 * h], v);
+                _mm256_store_si256(&mut out[j * 4 + 2 * h + 1], _mm256_abs_epi8(v));
+            }
+        }
+    }
+}
+
+/// Q8_0: [`super::avx512::tile_q8`] without VNNI, on two halves (vpsignb for the sign trick); with
+/// `NL` (IQ4_NL) the codes are nibbles looked up in the table as there. With `U` the signed codes
+/// and their magnitudes come from `unpacked` ([`unpack_group_q8`]'s for this row group).
+#[inline(always)]
+pub(super) unsafe fn tile_q8<const C: usize, const NL: bool, const U: bool>(
+    (w, a, r0, t0, valid, orow, out): TileArgs,
+    unpacked: *const __m256i,
+) {
     let ops = Operands::<C>::new(w, a, r0, t0);
     let Operands { n, d, xq, dx, .. } = ops;
-    let (flip, ones, low) = (_mm256_set1_epi8(-128), _mm256_set1_epi16(1), _mm256_set1_epi8(0x0F));
-    let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(super::super::NL_CODES.as_ptr() as *const _));
+    let ones = _mm256_set1_epi16(1);
     let mut acc = [[_mm256_setzero_ps(); 2]; C];
     for b in 0..n {
-        let qb = ops.block(b, if NL { GROUP_BLOCK } else { GROUP_BLOCK_Q8 });
-        ops.scales_ahead(b, if NL { GROUP_BLOCK } else { GROUP_BLOCK_Q8 }, false);
+        let qb = if U {
+            std::ptr::null()
+        } else {
+            let qb = ops.block(b, if NL { GROUP_BLOCK } else { GROUP_BLOCK_Q8 });
+            ops.scales_ahead(b, if NL { GROUP_BLOCK } else { GROUP_BLOCK_Q8 }, false);
+            qb
+        };
         let mut isum = [[_mm256_setzero_si256(); 2]; C];
         for j in 0..8 {
             // Signed codes; |w| (−128 stays 128 as an unsigned byte) and x·sign(w).
-            let v: [__m256i; 2] = std::array::from_fn(|h| {
-                let u = if NL {
-                    let v = _mm256_loadu_si256(qb.add((j % 4) * 64 + 32 * h) as *const _);
-                    let v = if j < 4 { v } else { _mm256_srli_epi16(v, 4) };
-                    _mm256_shuffle_epi8(table, _mm256_and_si256(v, low))
-                } else {
-                    _mm256_loadu_si256(qb.add(j * 64 + 32 * h) as *const _)
-                };
-                _mm256_xor_si256(u, flip)
-            });
-            let mag = v.map(|v| _mm256_abs_epi8(v));
+            let (v, mag) = if U {
+                let p = unpacked.add(b * UNPACKED_Q8_PER_BLOCK + j * 4);
+                (
+                    [_mm256_load_si256(p), _mm256_load_si256(p.add(2))],
+                    [_mm256_load_si256(p.add(1)), _mm256_load_si256(p.add(3))],
+                )
+            } else {
+                let v = signed_q8::<NL>(qb, j);
+                (v, v.map(|v| _mm256_abs_epi8(v)))
+            };
             for c in 0..C {
                 let x = _mm256_set1_epi32((xq[c].add(b * BLOCK + 4 * j) as *const i32).read_unaligned());
                 for h in 0..2 {

@@ -410,21 +410,41 @@ const ACT_BLOCK_BYTES: usize = 1 << 20;
 #[cfg(target_arch = "x86_64")]
 const UNPACK_MIN_TOKENS: usize = 4;
 
-/// [`gemm_avx2`] for Q8_0's byte codes, or (`NL`) IQ4_NL's table indices.
+/// [`gemm_avx2`] for Q8_0's byte codes, or (`NL`) IQ4_NL's table indices. From
+/// [`UNPACK_MIN_TOKENS`] on, as the nibble kinds, each row group's signed codes and their
+/// magnitudes are formed once per block of tokens ([`avx2::unpack_group_q8`]) instead of once per
+/// token pair.
 ///
 /// # Safety
 /// As [`gemm_avx2`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn gemm_avx2_q8<const NL: bool>(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat) {
-    super::tiles(lo, hi, 0..a.t, ROWS, 2, |r0, valid, t0, c| {
-        let args = (w, a, r0, t0, valid, r0 - lo, out);
-        if c == 2 {
-            avx2::tile_q8::<2, NL>(args)
-        } else {
-            avx2::tile_q8::<1, NL>(args)
+    macro_rules! run {
+        ($u:literal, $codes:expr, $lo:expr, $hi:expr, $tok:expr) => {
+            super::tiles($lo, $hi, $tok, ROWS, 2, |r0, valid, t0, c| {
+                let args = (w, a, r0, t0, valid, r0 - lo, out);
+                if c == 2 {
+                    avx2::tile_q8::<2, NL, $u>(args, $codes)
+                } else {
+                    avx2::tile_q8::<1, NL, $u>(args, $codes)
+                }
+            })
+        };
+    }
+    if a.t < UNPACK_MIN_TOKENS {
+        return run!(false, std::ptr::null(), lo, hi, 0..a.t);
+    }
+    let mut codes = vec![std::arch::x86_64::_mm256_setzero_si256(); w.nbp * avx2::UNPACKED_Q8_PER_BLOCK];
+    let block = token_block(a);
+    for t0 in (0..a.t).step_by(block) {
+        let tok = t0..(t0 + block).min(a.t);
+        for g0 in (lo..hi).step_by(ROWS) {
+            avx2::unpack_group_q8::<NL>(w, g0, &mut codes);
+            let p = codes.as_ptr();
+            run!(true, p, g0, (g0 + ROWS).min(hi), tok.clone());
         }
-    });
+    }
 }
 
 /// How a nibble tile turns a block's integer sums into floats, from the weight kind: the offset
