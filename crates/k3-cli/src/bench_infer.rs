@@ -90,9 +90,9 @@ pub const PROBE_BYTES: usize = 512 << 20;
 /// Read bandwidth (GB/s) of `threads` threads streaming a buffer of `bytes`, the median of 5: the
 /// wide, prefetching read loop (`simd::xor_fold`), or the plain one when that is faster.
 pub fn bandwidth_gbs(threads: usize, bytes: usize) -> f64 {
-    let n: usize = (bytes >> 3).max(threads * 64); // u64 words
-                                                   // On huge pages where the system gives them, as the engine's weights are (hugepages): the
-                                                   // probe is the best read this machine does, not a read on 4 KiB pages.
+    // u64 words, on huge pages where the system gives them, as the engine's weights are
+    // (hugepages): the probe is the best read this machine does, not a read on 4 KiB pages.
+    let n: usize = (bytes >> 3).max(threads * 64);
     let mut buf: Vec<u64> = Vec::with_capacity(n);
     k3_infer::hugepages::advise(buf.as_ptr() as *const u8, 8 * n, false);
     buf.extend(0..n as u64);

@@ -111,6 +111,56 @@ pub(crate) unsafe fn release() {
     asm!("tilerelease", options(nostack, nomem));
 }
 
+/// `C = 0; C += A·B` on tile registers `$c`, `$a`, `$b` (literals) by instruction `$op` (TDPBSSD,
+/// TDPBSUD), A loaded from `$x` with row stride `$xs` bytes, B from `$w` in rows of 64 bytes.
+macro_rules! tile_product {
+    ($op:literal, $c:literal, $a:literal, $b:literal, $x:expr, $xs:expr, $w:expr) => {
+        std::arch::asm!(concat!("tilezero ", $c), concat!("tileloadd ", $a, ", [{x} + {xs}*1]"),
+             concat!("tileloadd ", $b, ", [{w} + {ws}*1]"), concat!($op, " ", $c, ", ", $a, ", ", $b),
+             x = in(reg) $x, xs = in(reg) $xs, w = in(reg) $w, ws = in(reg) 64usize, options(nostack, readonly))
+    };
+}
+pub(crate) use tile_product;
+
+/// Store tile register `$t` (a literal) as 16 rows of 64 bytes at `$p`.
+macro_rules! tile_store {
+    ($t:literal, $p:expr) => {
+        std::arch::asm!(concat!("tilestored [{c} + {cs}*1], ", $t), c = in(reg) $p, cs = in(reg) 64usize,
+             options(nostack))
+    };
+}
+pub(crate) use tile_store;
+
+/// Write a token tile's results (`acc[m]`: token t0 + m's 16 row lanes) for `valid` rows from
+/// output row `orow` and the first `tokens` tokens: one masked store a token when rows are
+/// contiguous in `out` (the engine's token-major Y), else a scatter down the row stride.
+///
+/// # Safety
+/// AVX-512F; `out` valid for those rows and tokens.
+#[inline(always)]
+pub(crate) unsafe fn store_rows(
+    acc: &[__m512; TILE],
+    valid: usize,
+    orow: usize,
+    t0: usize,
+    tokens: usize,
+    out: OutMat,
+) {
+    let mask: __mmask16 = if valid == TILE { 0xFFFF } else { (1u16 << valid) - 1 };
+    let idx = _mm512_mullo_epi32(
+        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+        _mm512_set1_epi32(out.rs as i32),
+    );
+    for (m, &v) in acc.iter().enumerate().take(tokens) {
+        let p = out.at(orow, t0 + m);
+        if out.rs == 1 {
+            _mm512_mask_storeu_ps(p, mask, v);
+        } else {
+            _mm512_mask_i32scatter_ps::<4>(p, mask, idx, v);
+        }
+    }
+}
+
 /// This kernel's tiles: C tmm0 / tmm3 [16 tokens × 16 rows, i32], A tmm1 / tmm4 [16 tokens × 32
 /// codes], B tmm2 / tmm5 [8 groups of 4 codes × 16 rows × 4].
 const CONFIG: TileConfig = TileConfig::new(&[(16, 64), (16, 32), (8, 64), (16, 64), (16, 32), (8, 64)]);
@@ -147,7 +197,7 @@ pub unsafe fn gemm_amx(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat)
                 if b + 1 < n {
                     tile_dot(q41, (b + 1) % 2, xp(b + 1), ld, wp(b + 1));
                 }
-                tile_store(b % 2, cbuf[b % 2].as_mut_ptr());
+                store_slot(b % 2, cbuf[b % 2].as_mut_ptr());
                 let cb = &cbuf[b % 2];
                 let dwv = _mm512_loadu_ps(dw.as_ptr().add(b * TILE));
                 for m in 0..TILE {
@@ -163,21 +213,7 @@ pub unsafe fn gemm_amx(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat)
                     }
                 }
             }
-            // acc[m] holds token t0 + m's 16 rows: one (masked) store when rows are contiguous in
-            // `out` (the engine's token-major Y), else a scatter down the row stride.
-            let mask: __mmask16 = if r == TILE { 0xFFFF } else { (1u16 << r) - 1 };
-            let idx = _mm512_mullo_epi32(
-                _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                _mm512_set1_epi32(out.rs as i32),
-            );
-            for m in 0..TILE.min(a.t - t0) {
-                let p = out.at(o0 - lo, t0 + m);
-                if out.rs == 1 {
-                    _mm512_mask_storeu_ps(p, mask, acc[m]);
-                } else {
-                    _mm512_mask_i32scatter_ps::<4>(p, mask, idx, acc[m]);
-                }
-            }
+            store_rows(&acc, r, o0 - lo, t0, TILE.min(a.t - t0), out);
         }
         o0 += r;
     }
@@ -188,30 +224,23 @@ pub unsafe fn gemm_amx(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat)
 /// bytes), B the weight tile at `wp`. Slot 0 uses tmm0–2, slot 1 tmm3–5.
 #[inline(always)]
 unsafe fn tile_dot(q41: bool, slot: usize, xp: *const i8, ld: usize, wp: *const i8) {
-    macro_rules! dot {
-        ($op:literal, $c:literal, $a:literal, $b:literal) => {
-            asm!(concat!("tilezero ", $c), concat!("tileloadd ", $a, ", [{x} + {xs}*1]"),
-                 concat!("tileloadd ", $b, ", [{w} + {ws}*1]"), concat!($op, " ", $c, ", ", $a, ", ", $b),
-                 x = in(reg) xp, xs = in(reg) ld, w = in(reg) wp, ws = in(reg) 64usize, options(nostack, readonly))
-        };
-    }
     // Q4_1 codes are unsigned (TDPBSUD: signed activations × unsigned weights); Q4_0 and Q8_0
     // enter signed (TDPBSSD).
     match (q41, slot) {
-        (false, 0) => dot!("tdpbssd", "tmm0", "tmm1", "tmm2"),
-        (false, _) => dot!("tdpbssd", "tmm3", "tmm4", "tmm5"),
-        (true, 0) => dot!("tdpbsud", "tmm0", "tmm1", "tmm2"),
-        (true, _) => dot!("tdpbsud", "tmm3", "tmm4", "tmm5"),
+        (false, 0) => tile_product!("tdpbssd", "tmm0", "tmm1", "tmm2", xp, ld, wp),
+        (false, _) => tile_product!("tdpbssd", "tmm3", "tmm4", "tmm5", xp, ld, wp),
+        (true, 0) => tile_product!("tdpbsud", "tmm0", "tmm1", "tmm2", xp, ld, wp),
+        (true, _) => tile_product!("tdpbsud", "tmm3", "tmm4", "tmm5", xp, ld, wp),
     }
 }
 
 /// Store C tile `slot` as 16 × 16 i32 at `cp`.
 #[inline(always)]
-unsafe fn tile_store(slot: usize, cp: *mut i32) {
+unsafe fn store_slot(slot: usize, cp: *mut i32) {
     if slot == 0 {
-        asm!("tilestored [{c} + {cs}*1], tmm0", c = in(reg) cp, cs = in(reg) 64usize, options(nostack));
+        tile_store!("tmm0", cp);
     } else {
-        asm!("tilestored [{c} + {cs}*1], tmm3", c = in(reg) cp, cs = in(reg) 64usize, options(nostack));
+        tile_store!("tmm3", cp);
     }
 }
 

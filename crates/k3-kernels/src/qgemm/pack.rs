@@ -55,13 +55,13 @@ impl Packed {
     /// [`Kind::Q5_1`], [`Kind::Q5K`], [`Kind::Q6K`]; 6 bits a weight for the Q5 types, 7 for
     /// Q6_K); Q3_K and Q2_K rows as nibbles, [`Kind::Q3K`] with Q6_K's scale per 16 codes (5
     /// bits a weight), [`Kind::Q2K`] with its 4-bit scale and min pairs (4.625). None of these
-    /// has a row-pair form: they take the 16-row layout wherever its SIMD
-    /// kernels run, also when the other matrices are in row pairs (`K3MINI_LAYOUT=rowpairs`). Elsewhere Q4_K rows enter as the Q4_1 blocks their sub-blocks
-    /// are (`k_quants::q4_k_as_q4_1`: scales and mins rounded to f16, 5 bits a weight), Q5_0 rows
-    /// as the Q8_0 blocks they equal exactly (`q5_0::as_q8_0`), and the others stay on row dots
-    /// (`None`). IQ4_NL rows take [`Kind::IQ4NL`] in 16-row groups (as stored, 4.5 bits a
-    /// weight, as the K-quants) and elsewhere the Q8_0 blocks they equal
-    /// exactly (8.5 bits); IQ4_XS rows enter as IQ4_NL blocks with each block's scale rounded to
+    /// has a row-pair form: they take the 16-row layout wherever its SIMD kernels run, also when
+    /// the other matrices are in row pairs (`K3MINI_LAYOUT=rowpairs`). Elsewhere Q4_K rows enter
+    /// as the Q4_1 blocks their sub-blocks are (`k_quants::q4_k_as_q4_1`: scales and mins rounded
+    /// to f16, 5 bits a weight), Q5_0 rows as the Q8_0 blocks they equal exactly
+    /// (`q5_0::as_q8_0`), and the others stay on row dots (`None`). IQ4_NL rows take
+    /// [`Kind::IQ4NL`] in 16-row groups (as stored, 4.5 bits a weight, as the K-quants) and
+    /// elsewhere the Q8_0 blocks they equal exactly (8.5 bits); IQ4_XS rows enter as IQ4_NL blocks with each block's scale rounded to
     /// f16 (`iq4::xs_as_nl`).
     pub fn pack(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Option<Packed> {
         let layout = match ty {

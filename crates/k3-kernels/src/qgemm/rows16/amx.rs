@@ -5,7 +5,7 @@
 //! `j·64 + r·4 + e` holds code `4j + e` of row r (low nibble) and `16 + 4j + e` (high nibble),
 //! and B's row k of a tile is `[16 columns][4 consecutive codes]`. So per group, each block's
 //! nibbles (high-bit planes added, IQ4_NL looked up) are split into 8 rows of 64 bytes once
-//! ([`unpack_group`]; Q8_0's bytes are used as stored), and per tile of 16 tokens and block b
+//! ([`unpack_group`]; Q8_0's bytes only made signed), and per tile of 16 tokens and block b
 //! ```text
 //! C_b[m, r] = Σ_{j<32} x[m, 32b + j] · u[r, 32b + j]        (TDPBSSD / TDPBSUD → i32)
 //! acc[m, r] += d_w[r, b] · d_x[m, b] · C_b[m, r]   (+ min[r, b] · s_x[m, b])
@@ -13,17 +13,17 @@
 //! The kinds whose value is `(u − k)·d` (Q4_0, Q5_0, Q8_0, IQ4_NL, Q6_K, Q3_K) are unpacked as
 //! the signed codes u − k (TDPBSSD: i8 × i8), so their sums need no offset term; the kinds with
 //! a min (Q4_1, Q5_1, Q5_K, Q4_K, Q2_K) keep their unsigned codes (TDPBSUD: i8 × u8) and add the
-//! min times the activations' block sums, as the VNNI tiles do (super::avx512::accumulate). The kinds whose scales change every 16 codes (Q6_K,
-//! Q3_K, Q2_K) take two products a block, one a half (K = 16). Two sets of C tiles alternate so
-//! that block b + 1's product runs while block b's sums are scaled.
+//! min times the activations' block sums, as the VNNI tiles do (`super::avx512::accumulate`).
+//! The kinds whose scales change every 16 codes (Q6_K, Q3_K, Q2_K) take two products a block,
+//! one a half (K = 16). Two sets of C tiles alternate, and each block's sums are scaled one step
+//! after they are stored, so that the next blocks' products run meanwhile.
 //! Dims: 16 rows a group, 16 tokens a tile, nbp blocks of 32 codes.
 
-use std::arch::asm;
 use std::arch::x86_64::*;
 
-use super::super::amx::{release, TileConfig};
-use super::avx512::{accumulate, block_scales, BlockScales};
-use super::{group_block, token_block, Kind, OutMat, Packed, QActs, Scaling, BLOCK, GROUP_BLOCK, PLANE, ROWS};
+use super::super::amx::{release, store_rows, tile_product, tile_store, TileConfig};
+use super::avx512::{accumulate, block_scales, nibble_codes, BlockScales};
+use super::{group_block, token_block, Kind, OutMat, Packed, QActs, Scaling, BLOCK, ROWS};
 
 /// Tokens per tile.
 const TILE: usize = 16;
@@ -67,13 +67,15 @@ unsafe fn gemm<const SUP: bool, const H: bool, const SIGNED: bool>(
     out: OutMat,
 ) {
     let n = w.nbp;
-    // The offset kinds' codes unpacked signed: their sums are d_w·d_x·dot.
-    let (scaling, offset) = match Scaling::of(w.kind) {
-        Scaling::Offset(k) => (Scaling::Signed, -k),
-        Scaling::Halves(k) => (Scaling::SignedHalves, -k),
-        s => (s, 0.0),
+    // The offset kinds' codes unpacked signed (less their offset, wrapping: Q8_0's 128 is a
+    // flip of the top bit): their sums are d_w·d_x·dot.
+    let offset = w.kind.code_offset().map_or(0, |k| k as u8);
+    debug_assert_eq!(SIGNED, offset != 0);
+    let scaling = match Scaling::of(w.kind) {
+        Scaling::Offset(_) => Scaling::Signed,
+        Scaling::Halves(_) => Scaling::SignedHalves,
+        s => s,
     };
-    debug_assert_eq!(SIGNED, offset != 0.0);
     let has_m = matches!(scaling, Scaling::Min | Scaling::SignedHalves);
     if H {
         HALVES.load();
@@ -89,7 +91,7 @@ unsafe fn gemm<const SUP: bool, const H: bool, const SIGNED: bool>(
     let block = token_block(a).next_multiple_of(TILE);
     for tb in (0..a.t).step_by(block) {
         for g0 in (lo..hi).step_by(ROWS) {
-            unpack_group(w, g0, offset as i32 as i8, &mut unpacked);
+            unpack_group(w, g0, offset, &mut unpacked);
             let codes = unpacked.as_ptr() as *const u8;
             let (g, mut sup) = (g0 / ROWS, (_mm512_setzero_ps(), _mm512_setzero_ps()));
             let d = w.d.as_ptr().add(g * n * ROWS);
@@ -98,7 +100,7 @@ unsafe fn gemm<const SUP: bool, const H: bool, const SIGNED: bool>(
             scales.extend((0..n).map(|b| block_scales::<SUP, H>(has_m, d, m, b, &mut sup)));
             for t0 in (tb..(tb + block).min(a.t)).step_by(TILE) {
                 let acc = tile::<H, SIGNED>(w.kind, scaling, a, t0, codes, &scales, &mut cbuf);
-                store(&acc, ROWS.min(hi - g0), g0 - lo, t0, TILE.min(a.t - t0), out);
+                store_rows(&acc, ROWS.min(hi - g0), g0 - lo, t0, TILE.min(a.t - t0), out);
             }
         }
     }
@@ -109,10 +111,10 @@ unsafe fn gemm<const SUP: bool, const H: bool, const SIGNED: bool>(
 /// the arithmetic takes them (IQ4_NL's looked up), less `offset` (the signed codes of the offset
 /// kinds; 0 for the kinds with a min).
 #[inline(always)]
-unsafe fn unpack_group(w: &Packed, r0: usize, offset: i8, buf: &mut [__m512i]) {
+unsafe fn unpack_group(w: &Packed, r0: usize, offset: u8, buf: &mut [__m512i]) {
     let gb = group_block(w.kind);
     let q = w.qs.as_ptr().add(r0 / ROWS * w.nbp * gb);
-    let off = _mm512_set1_epi8(offset);
+    let off = _mm512_set1_epi8(offset as i8);
     if w.kind.byte_codes() {
         for (b, dst) in buf.chunks_exact_mut(UNPACKED / 64).enumerate().take(w.nbp) {
             for (j, v) in dst.iter_mut().enumerate() {
@@ -121,20 +123,10 @@ unsafe fn unpack_group(w: &Packed, r0: usize, offset: i8, buf: &mut [__m512i]) {
         }
         return;
     }
-    let (nib, planes) = (_mm512_set1_epi8(0x0F), w.kind.planes());
-    let table = w.kind.code_table().map(|t| _mm512_broadcast_i32x4(_mm_loadu_si128(t.as_ptr() as *const _)));
+    let (planes, table) = (w.kind.planes(), w.kind.code_table().map(|_| super::nl_table_512()));
     for (b, dst) in buf.chunks_exact_mut(UNPACKED / 64).enumerate().take(w.nbp) {
-        let qb = q.add(b * gb);
-        let pl = qb.add(GROUP_BLOCK) as *const u64;
         for j in 0..4 {
-            let v = _mm512_loadu_si512(qb.add(j * 64) as *const _);
-            let mut lo4 = _mm512_and_si512(v, nib); // codes 4j..4j + 4 of each row
-            let mut hi4 = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib); // codes 16 + 4j..
-            for p in 0..planes {
-                let bit = _mm512_set1_epi8(16 << p);
-                lo4 = _mm512_mask_add_epi8(lo4, pl.add(j * planes + p).read_unaligned(), lo4, bit);
-                hi4 = _mm512_mask_add_epi8(hi4, pl.add((4 + j) * planes + p).read_unaligned(), hi4, bit);
-            }
+            let (mut lo4, mut hi4) = nibble_codes(q.add(b * gb), j, planes);
             if let Some(t) = table {
                 lo4 = _mm512_shuffle_epi8(t, lo4);
                 hi4 = _mm512_shuffle_epi8(t, hi4);
@@ -143,7 +135,6 @@ unsafe fn unpack_group(w: &Packed, r0: usize, offset: i8, buf: &mut [__m512i]) {
             dst[4 + j] = _mm512_sub_epi8(hi4, off);
         }
     }
-    debug_assert!(planes * PLANE + GROUP_BLOCK == gb);
 }
 
 /// 16 tokens from t0 × the 16 rows of one group over every block: acc[m] holds token t0 + m's
@@ -199,15 +190,10 @@ unsafe fn products<const H: bool, const SIGNED: bool>(slot: usize, xp: *const i8
     macro_rules! dot {
         ($c:literal, $a:literal, $b:literal, $x:expr, $w:expr) => {
             if SIGNED {
-                dot!("tdpbssd", $c, $a, $b, $x, $w)
+                tile_product!("tdpbssd", $c, $a, $b, $x, ld, $w)
             } else {
-                dot!("tdpbsud", $c, $a, $b, $x, $w)
+                tile_product!("tdpbsud", $c, $a, $b, $x, ld, $w)
             }
-        };
-        ($op:literal, $c:literal, $a:literal, $b:literal, $x:expr, $w:expr) => {
-            asm!(concat!("tilezero ", $c), concat!("tileloadd ", $a, ", [{x} + {xs}*1]"),
-                 concat!("tileloadd ", $b, ", [{w} + {ws}*1]"), concat!($op, " ", $c, ", ", $a, ", ", $b),
-                 x = in(reg) $x, xs = in(reg) ld, w = in(reg) $w, ws = in(reg) 64usize, options(nostack, readonly))
         };
     }
     match (H, slot) {
@@ -227,42 +213,17 @@ unsafe fn products<const H: bool, const SIGNED: bool>(slot: usize, xp: *const i8
 /// Store set `slot`'s C tiles (one, or with `H` two) as 16 × 16 i32 each.
 #[inline(always)]
 unsafe fn store_c<const H: bool>(slot: usize, c: &mut [[i32; TILE * TILE]; 2]) {
-    macro_rules! st {
-        ($t:literal, $p:expr) => {
-            asm!(concat!("tilestored [{c} + {cs}*1], ", $t), c = in(reg) $p, cs = in(reg) 64usize, options(nostack))
-        };
-    }
     let (c0, c1) = (c[0].as_mut_ptr(), c[1].as_mut_ptr());
     match (H, slot) {
-        (false, 0) => st!("tmm0", c0),
-        (false, _) => st!("tmm3", c0),
+        (false, 0) => tile_store!("tmm0", c0),
+        (false, _) => tile_store!("tmm3", c0),
         (true, 0) => {
-            st!("tmm0", c0);
-            st!("tmm3", c1);
+            tile_store!("tmm0", c0);
+            tile_store!("tmm3", c1);
         }
         (true, _) => {
-            st!("tmm4", c0);
-            st!("tmm5", c1);
-        }
-    }
-}
-
-/// Write `acc` (token t0 + m's row lanes in `acc[m]`) for `valid` rows from output row `orow`
-/// and `tokens` tokens: one masked store a token when rows are contiguous in `out` (the engine's
-/// token-major Y), else a scatter down the row stride.
-#[inline(always)]
-unsafe fn store(acc: &[__m512; TILE], valid: usize, orow: usize, t0: usize, tokens: usize, out: OutMat) {
-    let mask: __mmask16 = if valid == ROWS { 0xFFFF } else { (1u16 << valid) - 1 };
-    let idx = _mm512_mullo_epi32(
-        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-        _mm512_set1_epi32(out.rs as i32),
-    );
-    for (m, &v) in acc.iter().enumerate().take(tokens) {
-        let p = out.at(orow, t0 + m);
-        if out.rs == 1 {
-            _mm512_mask_storeu_ps(p, mask, v);
-        } else {
-            _mm512_mask_i32scatter_ps::<4>(p, mask, idx, v);
+            tile_store!("tmm4", c0);
+            tile_store!("tmm5", c1);
         }
     }
 }

@@ -79,7 +79,7 @@ pub(super) unsafe fn tile<
         _ => Scaling::of(w.kind),
     };
     let has_m = matches!(scaling, Scaling::Min | Scaling::Halves(_));
-    let (nib, ones) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi16(1));
+    let ones = _mm512_set1_epi16(1);
     let gb = GROUP_BLOCK + P * PLANE;
     let mut acc = [[_mm512_setzero_ps(); C]; G];
     // Q4_K, Q2_K: each group's current super-block d and −dmin per row lane.
@@ -100,17 +100,7 @@ pub(super) unsafe fn tile<
         let (mut isum, mut isum2) = ([[_mm512_setzero_si512(); C]; G], [[_mm512_setzero_si512(); C]; G]);
         for j in 0..4 {
             for g in 0..G {
-                let planes = qb[g].add(GROUP_BLOCK) as *const u64;
-                let v = _mm512_loadu_si512(qb[g].add(j * 64) as *const _);
-                let mut lo4 = _mm512_and_si512(v, nib); // codes 4j..4j+4 of each row
-                let mut hi4 = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib); // codes 16+4j..
-                for p in 0..P {
-                    let bit = _mm512_set1_epi8(16 << p);
-                    let (ml, mh) =
-                        (planes.add(j * P + p).read_unaligned(), planes.add((4 + j) * P + p).read_unaligned());
-                    lo4 = _mm512_mask_add_epi8(lo4, ml, lo4, bit);
-                    hi4 = _mm512_mask_add_epi8(hi4, mh, hi4, bit);
-                }
+                let (lo4, hi4) = nibble_codes(qb[g], j, P);
                 let (isum, isum2) = (&mut isum[g], &mut isum2[g]);
                 for c in 0..C {
                     let xa = _mm512_set1_epi32((xq[c].add(b * BLOCK + 4 * j) as *const i32).read_unaligned());
@@ -228,6 +218,24 @@ pub(super) unsafe fn tile_q8<const C: usize, const G: usize, const VNNI: bool, c
         }
     }
     gs.store(&acc);
+}
+
+/// Group j's (< 4) codes in a 16-row group-block at `qb` of a nibble kind with `planes` high-bit
+/// planes: in each row's 32-bit lane, codes 4j..4j + 4 (the low nibbles) and 16 + 4j..20 + 4j
+/// (the high ones), each completed by one masked byte add per plane.
+#[inline(always)]
+pub(super) unsafe fn nibble_codes(qb: *const u8, j: usize, planes: usize) -> (__m512i, __m512i) {
+    let nib = _mm512_set1_epi8(0x0F);
+    let masks = qb.add(GROUP_BLOCK) as *const u64;
+    let v = _mm512_loadu_si512(qb.add(j * 64) as *const _);
+    let mut lo4 = _mm512_and_si512(v, nib);
+    let mut hi4 = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib);
+    for p in 0..planes {
+        let bit = _mm512_set1_epi8(16 << p);
+        lo4 = _mm512_mask_add_epi8(lo4, masks.add(j * planes + p).read_unaligned(), lo4, bit);
+        hi4 = _mm512_mask_add_epi8(hi4, masks.add((4 + j) * planes + p).read_unaligned(), hi4, bit);
+    }
+    (lo4, hi4)
 }
 
 /// One block's scales per row lane: `d` the scale (Q6_K, Q3_K: the first half's), `m` the min

@@ -371,20 +371,43 @@ pub unsafe fn gemm_avx2(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat
         return each_kind!(false, std::ptr::null(), lo, hi, 0..a.t);
     }
     // Prefill: each group's codes are unpacked once per block of tokens into bytes (planes
-    // included), which every token pair's tile of the block then loads as they are. The token
-    // blocks keep the activations the groups stream through in L2.
-    let mut codes = vec![std::arch::x86_64::_mm256_setzero_si256(); w.nbp * avx2::UNPACKED_PER_BLOCK];
+    // included), which every token pair's tile of the block then loads as they are.
+    unpacked_groups(
+        w,
+        a,
+        lo,
+        hi,
+        avx2::UNPACKED_PER_BLOCK,
+        |g0, codes| match planes {
+            0 => avx2::unpack_group::<0>(w, g0, codes),
+            1 => avx2::unpack_group::<1>(w, g0, codes),
+            _ => avx2::unpack_group::<2>(w, g0, codes),
+        },
+        |p, g0, g1, tok| each_kind!(true, p, g0, g1, tok),
+    );
+}
+
+/// The AVX2 prefill's walk: per block of tokens ([`token_block`], whose activations stay in L2
+/// while every row group streams past them) and per row group g0 of lo..hi, `unpack(g0, buf)`
+/// (`per_block` registers a block) once, then `tiles(buf, g0, g0 + 16 ∧ hi, tokens)`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn unpacked_groups(
+    w: &Packed,
+    a: &QActs,
+    lo: usize,
+    hi: usize,
+    per_block: usize,
+    mut unpack: impl FnMut(usize, &mut [std::arch::x86_64::__m256i]),
+    mut tiles: impl FnMut(*const std::arch::x86_64::__m256i, usize, usize, std::ops::Range<usize>),
+) {
+    let mut codes = vec![std::arch::x86_64::_mm256_setzero_si256(); w.nbp * per_block];
     let block = token_block(a);
     for t0 in (0..a.t).step_by(block) {
-        let tok = t0..(t0 + block).min(a.t);
         for g0 in (lo..hi).step_by(ROWS) {
-            match planes {
-                0 => avx2::unpack_group::<0>(w, g0, &mut codes),
-                1 => avx2::unpack_group::<1>(w, g0, &mut codes),
-                _ => avx2::unpack_group::<2>(w, g0, &mut codes),
-            }
-            let p = codes.as_ptr();
-            each_kind!(true, p, g0, (g0 + ROWS).min(hi), tok.clone());
+            unpack(g0, &mut codes);
+            tiles(codes.as_ptr(), g0, (g0 + ROWS).min(hi), t0..(t0 + block).min(a.t));
         }
     }
 }
@@ -435,16 +458,15 @@ unsafe fn gemm_avx2_q8<const NL: bool>(w: &Packed, a: &QActs, lo: usize, hi: usi
     if a.t < UNPACK_MIN_TOKENS {
         return run!(false, std::ptr::null(), lo, hi, 0..a.t);
     }
-    let mut codes = vec![std::arch::x86_64::_mm256_setzero_si256(); w.nbp * avx2::UNPACKED_Q8_PER_BLOCK];
-    let block = token_block(a);
-    for t0 in (0..a.t).step_by(block) {
-        let tok = t0..(t0 + block).min(a.t);
-        for g0 in (lo..hi).step_by(ROWS) {
-            avx2::unpack_group_q8::<NL>(w, g0, &mut codes);
-            let p = codes.as_ptr();
-            run!(true, p, g0, (g0 + ROWS).min(hi), tok.clone());
-        }
-    }
+    unpacked_groups(
+        w,
+        a,
+        lo,
+        hi,
+        avx2::UNPACKED_Q8_PER_BLOCK,
+        |g0, codes| avx2::unpack_group_q8::<NL>(w, g0, codes),
+        |p, g0, g1, tok| run!(true, p, g0, g1, tok),
+    );
 }
 
 /// How a nibble tile turns a block's integer sums into floats, from the weight kind: the offset
