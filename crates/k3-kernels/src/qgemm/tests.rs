@@ -369,3 +369,16 @@ fn packing_in_bands_equals_packing_at_once() {
         assert!(key(&whole) == key(&banded), "{}: banded packing differs", ty.name());
     }
 }
+
+#[test]
+fn array_from_calls_f_once_per_index_in_order() {
+    let mut calls = Vec::new();
+    let a: [usize; 5] = array_from(|i| {
+        calls.push(i);
+        10 * i + 1
+    });
+    assert_eq!(a, [1, 11, 21, 31, 41]);
+    assert_eq!(calls, [0, 1, 2, 3, 4]);
+    let empty: [u8; 0] = array_from(|_| unreachable!("no index for an empty array"));
+    assert!(empty.is_empty());
+}

@@ -5,7 +5,7 @@
 use std::arch::x86_64::*;
 
 use super::acts::block_scales;
-use super::{offset_term, tiles, Kind, OutMat, Packed, QActs, BLOCK};
+use super::{array_from, offset_term, tiles, Kind, OutMat, Packed, QActs, BLOCK};
 
 /// Per-row f32 scales and offsets of a row tile.
 struct RowScales {
@@ -139,13 +139,13 @@ unsafe fn tile512<const R: usize, const C: usize, const VNNI: bool>(
     };
     let koff = _mm512_set1_ps(koff);
     let mut acc = [[_mm512_setzero_ps(); C]; R];
-    let qrow: [*const u8; R] = std::array::from_fn(|i| w.qs.as_ptr().add((o0 + i) * rq));
-    let drow: [*const u16; R] = std::array::from_fn(|i| w.d.as_ptr().add((o0 + i) * n));
+    let qrow: [*const u8; R] = array_from(|i| w.qs.as_ptr().add((o0 + i) * rq));
+    let drow: [*const u16; R] = array_from(|i| w.d.as_ptr().add((o0 + i) * n));
     let mrow: [*const u16; R] =
-        std::array::from_fn(|i| if kind == Kind::Q4_1 { w.m.as_ptr().add((o0 + i) * n) } else { std::ptr::null() });
-    let xrow: [*const i8; C] = std::array::from_fn(|c| a.qs.as_ptr().add((t0 + c) * n * BLOCK));
-    let dxrow: [*const f32; C] = std::array::from_fn(|c| a.d.as_ptr().add((t0 + c) * n));
-    let srow: [*const f32; C] = std::array::from_fn(|c| a.s_for(kind, t0 + c).as_ptr());
+        array_from(|i| if kind == Kind::Q4_1 { w.m.as_ptr().add((o0 + i) * n) } else { std::ptr::null() });
+    let xrow: [*const i8; C] = array_from(|c| a.qs.as_ptr().add((t0 + c) * n * BLOCK));
+    let dxrow: [*const f32; C] = array_from(|c| a.d.as_ptr().add((t0 + c) * n));
+    let srow: [*const f32; C] = array_from(|c| a.s_for(kind, t0 + c).as_ptr());
     // Decode streams every weight byte once from memory, and the hardware prefetcher alone does
     // not run far enough ahead to hide that behind the arithmetic (measured: 64% of the streaming
     // bandwidth without this, ~100% with it; `examples/gemv_stream`). So fetch the codes, scales
@@ -296,9 +296,9 @@ unsafe fn tile256<const R: usize, const C: usize>(
     let rq = w.row_qs();
     let q8 = w.kind == Kind::Q8_0;
     let mut acc = [[_mm256_setzero_ps(); C]; R];
-    let qrow: [*const u8; R] = std::array::from_fn(|i| w.qs.as_ptr().add((o0 + i) * rq));
-    let xrow: [*const i8; C] = std::array::from_fn(|c| a.qs.as_ptr().add((t0 + c) * a.nbp * BLOCK));
-    let dxrow: [&[f32]; C] = std::array::from_fn(|c| &a.d[(t0 + c) * a.nbp..(t0 + c + 1) * a.nbp]);
+    let qrow: [*const u8; R] = array_from(|i| w.qs.as_ptr().add((o0 + i) * rq));
+    let xrow: [*const i8; C] = array_from(|c| a.qs.as_ptr().add((t0 + c) * a.nbp * BLOCK));
+    let dxrow: [&[f32]; C] = array_from(|c| &a.d[(t0 + c) * a.nbp..(t0 + c + 1) * a.nbp]);
     let m4 = _mm256_set1_epi8(0x0F);
     let flip = _mm256_set1_epi8(-128);
     // As in tile512: fetch the row tile PF_TILES on (codes and scales) while this one computes.
@@ -415,15 +415,15 @@ pub unsafe fn quantize_row256(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [
         _mm_cvtsi128_si32(_mm_add_epi32(h, _mm_shuffle_epi32::<0b10_11_00_01>(h)))
     };
     for b in 0..nb {
-        let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(x.as_ptr().add(b * BLOCK + 8 * i)));
-        let m = v.map(|v| _mm256_andnot_ps(sign, v));
+        let v: [__m256; 4] = array_from(|i| _mm256_loadu_ps(x.as_ptr().add(b * BLOCK + 8 * i)));
+        let m: [__m256; 4] = array_from(|i| _mm256_andnot_ps(sign, v[i]));
         let m = _mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3]));
         let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
         let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
         let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps::<0b01>(m, m)));
         let db = amax / 127.0;
         let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
-        let q = v.map(|v| _mm256_cvtps_epi32(_mm256_mul_ps(v, id)));
+        let q: [__m256i; 4] = array_from(|i| _mm256_cvtps_epi32(_mm256_mul_ps(v[i], id)));
         let bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
         _mm256_storeu_si256(
             qs.as_mut_ptr().add(b * BLOCK) as *mut __m256i,

@@ -22,6 +22,7 @@
 use std::arch::x86_64::*;
 
 use super::super::amx::{release, store_rows, tile_product, tile_store, TileConfig};
+use super::super::array_from;
 use super::avx512::{accumulate, block_scales, nibble_codes, BlockScales};
 use super::{group_block, token_block, Kind, OutMat, Packed, QActs, Scaling, BLOCK, ROWS};
 
@@ -153,8 +154,8 @@ unsafe fn tile<const H: bool, const SIGNED: bool>(
     let xp = |b: usize| a.qs.as_ptr().add(t0 * ld + b * BLOCK);
     let wp = |b: usize| codes.add(b * UNPACKED);
     // Per token: its block scales and block (or half-block) sums.
-    let dx: [*const f32; TILE] = std::array::from_fn(|m| a.d.as_ptr().add((t0 + m) * n));
-    let sx: [*const f32; TILE] = std::array::from_fn(|m| a.s_for(kind, t0 + m).as_ptr());
+    let dx: [*const f32; TILE] = array_from(|m| a.d.as_ptr().add((t0 + m) * n));
+    let sx: [*const f32; TILE] = array_from(|m| a.s_for(kind, t0 + m).as_ptr());
     let mut acc = [_mm512_setzero_ps(); TILE];
     // Software-pipelined: in step b, block b + 1's products are issued and block b's sums
     // stored while block b − 1's stored sums are scaled, so no load waits on the store before it.

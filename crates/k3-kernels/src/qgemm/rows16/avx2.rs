@@ -3,6 +3,7 @@
 
 use std::arch::x86_64::*;
 
+use super::super::array_from;
 use super::avx512::TileArgs;
 use super::{Operands, Scaling, BLOCK, GROUP_BLOCK, GROUP_BLOCK_Q8, PLANE, ROWS};
 
@@ -34,9 +35,9 @@ unsafe fn plane_bytes(mask: u32, bit: __m256i) -> __m256i {
 #[inline(always)]
 unsafe fn codes<const P: usize>(qb: *const u8, j: usize, nib: __m256i) -> ([__m256i; 2], [__m256i; 2]) {
     let planes = qb.add(GROUP_BLOCK) as *const u32;
-    let v: [__m256i; 2] = std::array::from_fn(|h| _mm256_loadu_si256(qb.add(j * 64 + 32 * h) as *const _));
-    let mut lo4 = v.map(|v| _mm256_and_si256(v, nib));
-    let mut hi4 = v.map(|v| _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib));
+    let v: [__m256i; 2] = array_from(|h| _mm256_loadu_si256(qb.add(j * 64 + 32 * h) as *const _));
+    let mut lo4: [__m256i; 2] = array_from(|h| _mm256_and_si256(v[h], nib));
+    let mut hi4: [__m256i; 2] = array_from(|h| _mm256_and_si256(_mm256_srli_epi16::<4>(v[h]), nib));
     for p in 0..P {
         let bit = _mm256_set1_epi8(16 << p);
         for h in 0..2 {
@@ -214,7 +215,7 @@ pub(super) unsafe fn tile<const C: usize, const P: usize, const H: bool, const U
 unsafe fn signed_q8<const NL: bool>(qb: *const u8, j: usize) -> [__m256i; 2] {
     let (flip, low) = (_mm256_set1_epi8(-128), _mm256_set1_epi8(0x0F));
     let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(super::super::NL_CODES.as_ptr() as *const _));
-    std::array::from_fn(|h| {
+    array_from(|h| {
         let u = if NL {
             let v = _mm256_loadu_si256(qb.add((j % 4) * 64 + 32 * h) as *const _);
             let v = if j < 4 { v } else { _mm256_srli_epi16(v, 4) };
@@ -277,7 +278,7 @@ pub(super) unsafe fn tile_q8<const C: usize, const NL: bool, const U: bool>(
                 )
             } else {
                 let v = signed_q8::<NL>(qb, j);
-                (v, v.map(|v| _mm256_abs_epi8(v)))
+                (v, array_from(|h| _mm256_abs_epi8(v[h])))
             };
             for c in 0..C {
                 let x = _mm256_set1_epi32((xq[c].add(b * BLOCK + 4 * j) as *const i32).read_unaligned());

@@ -2,6 +2,7 @@
 
 use std::arch::x86_64::*;
 
+use super::super::array_from;
 use super::{Operands, OutMat, Packed, QActs, Scaling, BLOCK, GROUP_BLOCK, GROUP_BLOCK_Q8, PF_BYTES, PLANE, ROWS};
 
 /// (matrix, activations, first row of the group, first token, valid rows, output row of the
@@ -69,7 +70,7 @@ pub(super) unsafe fn tile<
     gs: Groups<G>,
 ) {
     let (w, a) = (gs.w, gs.a);
-    let ops: [Operands<C>; G] = std::array::from_fn(|g| Operands::<C>::new(w, a, gs.r0[g], gs.t0));
+    let ops: [Operands<C>; G] = array_from(|g| Operands::<C>::new(w, a, gs.r0[g], gs.t0));
     let Operands { n, xq, dx, sx, .. } = ops[0];
     // Super-block scales (Q4_K, Q2_K) known at compile time, so the other kinds' tiles carry
     // none of their work.
@@ -85,7 +86,7 @@ pub(super) unsafe fn tile<
     // Q4_K, Q2_K: each group's current super-block d and −dmin per row lane.
     let mut sup = [(_mm512_setzero_ps(), _mm512_setzero_ps()); G];
     for b in 0..n {
-        let qb: [*const u8; G] = std::array::from_fn(|g| {
+        let qb: [*const u8; G] = array_from(|g| {
             let op = &ops[g];
             let qb = op.block(b, gb);
             op.scales_ahead(b, gb, has_m);
@@ -156,14 +157,14 @@ pub(super) unsafe fn tile<
 #[inline(always)]
 pub(super) unsafe fn tile_q8<const C: usize, const G: usize, const VNNI: bool, const NL: bool>(gs: Groups<G>) {
     let (w, a) = (gs.w, gs.a);
-    let ops: [Operands<C>; G] = std::array::from_fn(|g| Operands::<C>::new(w, a, gs.r0[g], gs.t0));
+    let ops: [Operands<C>; G] = array_from(|g| Operands::<C>::new(w, a, gs.r0[g], gs.t0));
     let Operands { n, xq, dx, sx, .. } = ops[0];
     let (flip, ones, zero) = (_mm512_set1_epi8(-128), _mm512_set1_epi16(1), _mm512_setzero_si512());
     let (low, table) = (_mm512_set1_epi8(0x0F), super::nl_table_512());
     let gb = if NL { GROUP_BLOCK } else { GROUP_BLOCK_Q8 };
     let mut acc = [[_mm512_setzero_ps(); C]; G];
     for b in 0..n {
-        let qb: [*const u8; G] = std::array::from_fn(|g| {
+        let qb: [*const u8; G] = array_from(|g| {
             let op = &ops[g];
             let qb = op.block(b, gb);
             op.scales_ahead(b, gb, false);

@@ -37,7 +37,7 @@
 //! pairs (in `d`, one byte a half) and the super-block's f16 `d` and `dmin` (in `m`).
 //! Dims: nbp blocks per row (even), R = 16 rows per group, C tokens per tile.
 
-use super::{Kind, Layout, OutMat, Packed, QActs, BLOCK};
+use super::{array_from, Kind, Layout, OutMat, Packed, QActs, BLOCK};
 
 /// Rows per interleaved group.
 pub const ROWS: usize = 16;
@@ -168,9 +168,9 @@ impl<const C: usize> Operands<C> {
             q: w.qs.as_ptr().add(g * n * group_block(w.kind)),
             d: w.d.as_ptr().add(g * n * ROWS),
             m: if w.kind.has_m() { w.m.as_ptr().add(g * w.kind.m_per_row(n) * ROWS) } else { std::ptr::null() },
-            xq: std::array::from_fn(|c| a.qs.as_ptr().add((t0 + c) * n * BLOCK)),
-            dx: std::array::from_fn(|c| a.d.as_ptr().add((t0 + c) * n)),
-            sx: std::array::from_fn(|c| a.s_for(w.kind, t0 + c).as_ptr()),
+            xq: array_from(|c| a.qs.as_ptr().add((t0 + c) * n * BLOCK)),
+            dx: array_from(|c| a.d.as_ptr().add((t0 + c) * n)),
+            sx: array_from(|c| a.s_for(w.kind, t0 + c).as_ptr()),
             far: a.t <= FAR_MAX_TOKENS,
         }
     }
@@ -290,8 +290,8 @@ unsafe fn gemm_tokens<const VNNI: bool>(
     if tokens.len() == 1 && groups >= STREAMS {
         let run = groups / STREAMS;
         for i in 0..run {
-            let r0: [usize; STREAMS] = std::array::from_fn(|k| lo + (k * run + i) * ROWS);
-            let valid = r0.map(|r| ROWS.min(hi - r));
+            let r0: [usize; STREAMS] = array_from(|k| lo + (k * run + i) * ROWS);
+            let valid: [usize; STREAMS] = array_from(|k| ROWS.min(hi - r0[k]));
             let gs = avx512::Groups { w, a, r0, valid, t0: tokens.start, lo, out };
             each_kind!(1, STREAMS, gs);
         }
