@@ -11,6 +11,11 @@
 //!
 //! LAYERS (default 24) shrinks the set: at 1 (~7 MiB) it stays in cache, which shows whether
 //! the kernel itself, not memory, is the limit.
+//!
+//! A fifth argument `evict` reads 1 GiB of other memory before every pass and alternates the
+//! GEMV with the prefetching read (5 of each): on a host whose last-level cache holds a good part
+//! of the set, repeated passes over one buffer otherwise hit that cache, and the read more than
+//! the GEMV (on the Sapphire Rapids class host of 2026-12-03, 1 thread: ~75% without, ~88% with).
 use std::time::Instant;
 
 use k3_infer::linear::{Compute, Matrix};
@@ -90,6 +95,32 @@ fn main() {
         bw.sort_by(f64::total_cmp);
         bw[3]
     };
+    if std::env::args().nth(5).as_deref() == Some("evict") {
+        let other: Vec<u64> = (0..(1u64 << 27)).collect();
+        let (mut gemv, mut read) = (Vec::new(), Vec::new());
+        for _ in 0..5 {
+            std::hint::black_box(k3_kernels::simd::xor_fold(&other));
+            let t0 = Instant::now();
+            for m in &mats {
+                m.matvec(&x[..m.cols], &mut y[..m.rows], cx);
+            }
+            gemv.push(bytes as f64 / t0.elapsed().as_secs_f64() / 1e9);
+            std::hint::black_box(k3_kernels::simd::xor_fold(&other));
+            let t0 = Instant::now();
+            let s = k3_infer::threads::par_chunks(n, threads, |lo, hi| k3_kernels::simd::xor_fold(&buf[lo..hi]));
+            std::hint::black_box(s);
+            read.push(bytes as f64 / t0.elapsed().as_secs_f64() / 1e9);
+        }
+        gemv.sort_by(f64::total_cmp);
+        read.sort_by(f64::total_cmp);
+        println!(
+            "{threads} thread(s), 1 GiB read before every pass: GEMV {:.1} GB/s, prefetching read {:.1} GB/s ({:.0}%)",
+            gemv[2],
+            read[2],
+            100.0 * gemv[2] / read[2]
+        );
+        return;
+    }
     let (plain, wide) = (stream(k3_kernels::simd::xor_fold_ref), stream(k3_kernels::simd::xor_fold));
     println!(
         "{threads} thread(s), {:.0} MiB of {} per pass, {} matvecs: GEMV {:.1} GB/s; plain read {plain:.1} GB/s \
