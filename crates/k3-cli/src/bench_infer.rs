@@ -93,9 +93,7 @@ pub fn bandwidth_gbs(threads: usize, bytes: usize) -> f64 {
     // u64 words, on huge pages where the system gives them, as the engine's weights are
     // (hugepages): the probe is the best read this machine does, not a read on 4 KiB pages.
     let n: usize = (bytes >> 3).max(threads * 64);
-    let mut buf: Vec<u64> = Vec::with_capacity(n);
-    k3_infer::hugepages::advise(buf.as_ptr() as *const u8, 8 * n, false);
-    buf.extend(0..n as u64);
+    let buf = k3_infer::hugepages::counting_words(n);
     let per = n.div_ceil(threads);
     let rate = |fold: fn(&[u64]) -> u64| {
         let mut rates = Vec::new();

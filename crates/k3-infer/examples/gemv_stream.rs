@@ -66,61 +66,49 @@ fn main() {
     let cx = Compute { threads, exact: false };
     let x = rng.normals(2816, 1.0);
     let mut y = vec![0f32; mats.iter().map(|m| m.rows).max().unwrap_or(0)];
-    let mut rates = Vec::new();
-    for _ in 0..7 {
+    // Streaming reads of a buffer of the same size: the plain loop and the wide, prefetching
+    // one (the benchmark's bandwidth probe takes the faster). The matrices and the buffer on
+    // huge pages alike, as the engine and the benchmark's probe have them, before any pass.
+    k3_infer::hugepages::collapse_anonymous();
+    let n = bytes / 8;
+    let buf = k3_infer::hugepages::counting_words(n);
+    // One pass of each, in GB/s.
+    let mut gemv_pass = || {
         let t0 = Instant::now();
         for m in &mats {
             m.matvec(&x[..m.cols], &mut y[..m.rows], cx);
         }
-        rates.push(bytes as f64 / t0.elapsed().as_secs_f64() / 1e9);
-    }
-    rates.sort_by(f64::total_cmp);
-    // Streaming reads of a buffer of the same size: the plain loop and the wide, prefetching
-    // one (the benchmark's bandwidth probe takes the faster).
-    let n = bytes / 8;
-    // The matrices and the probe's buffer on huge pages alike, as the engine and the benchmark's
-    // probe have them.
-    k3_infer::hugepages::collapse_anonymous();
-    let mut buf: Vec<u64> = Vec::with_capacity(n);
-    k3_infer::hugepages::advise(buf.as_ptr() as *const u8, 8 * n, false);
-    buf.extend(0..n as u64);
-    let stream = |fold: fn(&[u64]) -> u64| {
-        let mut bw = Vec::new();
-        for _ in 0..7 {
-            let t0 = Instant::now();
-            let s = k3_infer::threads::par_chunks(n, threads, |lo, hi| fold(&buf[lo..hi]));
-            std::hint::black_box(s);
-            bw.push(bytes as f64 / t0.elapsed().as_secs_f64() / 1e9);
-        }
-        bw.sort_by(f64::total_cmp);
-        bw[3]
+        bytes as f64 / t0.elapsed().as_secs_f64() / 1e9
+    };
+    let read_pass = |fold: fn(&[u64]) -> u64| {
+        let t0 = Instant::now();
+        std::hint::black_box(k3_infer::threads::par_chunks(n, threads, |lo, hi| fold(&buf[lo..hi])));
+        bytes as f64 / t0.elapsed().as_secs_f64() / 1e9
+    };
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
     };
     if std::env::args().nth(5).as_deref() == Some("evict") {
         let other: Vec<u64> = (0..(1u64 << 27)).collect();
+        let evict = || std::hint::black_box(k3_kernels::simd::xor_fold(&other));
         let (mut gemv, mut read) = (Vec::new(), Vec::new());
         for _ in 0..5 {
-            std::hint::black_box(k3_kernels::simd::xor_fold(&other));
-            let t0 = Instant::now();
-            for m in &mats {
-                m.matvec(&x[..m.cols], &mut y[..m.rows], cx);
-            }
-            gemv.push(bytes as f64 / t0.elapsed().as_secs_f64() / 1e9);
-            std::hint::black_box(k3_kernels::simd::xor_fold(&other));
-            let t0 = Instant::now();
-            let s = k3_infer::threads::par_chunks(n, threads, |lo, hi| k3_kernels::simd::xor_fold(&buf[lo..hi]));
-            std::hint::black_box(s);
-            read.push(bytes as f64 / t0.elapsed().as_secs_f64() / 1e9);
+            evict();
+            gemv.push(gemv_pass());
+            evict();
+            read.push(read_pass(k3_kernels::simd::xor_fold));
         }
-        gemv.sort_by(f64::total_cmp);
-        read.sort_by(f64::total_cmp);
+        let (gemv, read) = (median(gemv), median(read));
         println!(
-            "{threads} thread(s), 1 GiB read before every pass: GEMV {:.1} GB/s, prefetching read {:.1} GB/s ({:.0}%)",
-            gemv[2],
-            read[2],
-            100.0 * gemv[2] / read[2]
+            "{threads} thread(s), 1 GiB read before every pass: GEMV {gemv:.1} GB/s, prefetching read {read:.1} GB/s \
+             ({:.0}%)",
+            100.0 * gemv / read
         );
         return;
     }
+    let gemv = median((0..7).map(|_| gemv_pass()).collect());
+    let stream = |fold: fn(&[u64]) -> u64| median((0..7).map(|_| read_pass(fold)).collect());
     let (plain, wide) = (stream(k3_kernels::simd::xor_fold_ref), stream(k3_kernels::simd::xor_fold));
     println!(
         "{threads} thread(s), {:.0} MiB of {} per pass, {} matvecs: GEMV {:.1} GB/s; plain read {plain:.1} GB/s \
@@ -128,8 +116,8 @@ fn main() {
         bytes as f64 / (1 << 20) as f64,
         ty.name(),
         mats.len(),
-        rates[3],
-        100.0 * rates[3] / plain,
-        100.0 * rates[3] / wide
+        gemv,
+        100.0 * gemv / plain,
+        100.0 * gemv / wide
     );
 }

@@ -67,6 +67,15 @@ pub fn advise(ptr: *const u8, len: usize, collapse: bool) -> usize {
     }
 }
 
+/// The words 0..n in a buffer advised onto huge pages before it is filled (a bandwidth probe's
+/// buffer, read as the engine's weights are).
+pub fn counting_words(n: usize) -> Vec<u64> {
+    let mut buf: Vec<u64> = Vec::with_capacity(n);
+    advise(buf.as_ptr() as *const u8, 8 * n, false);
+    buf.extend(0..n as u64);
+    buf
+}
+
 /// Bytes of this process's anonymous memory on huge pages (`AnonHugePages` of
 /// `/proc/self/smaps_rollup`), where the system reports it.
 pub fn huge_bytes() -> Option<usize> {
@@ -131,7 +140,7 @@ mod tests {
     #[test]
     fn advising_keeps_the_contents() {
         // Whatever the kernel does with the advice (take it, refuse it), the bytes stay.
-        let v: Vec<u64> = (0..(3 * HUGE as u64) / 8).collect();
+        let v = counting_words(3 * HUGE / 8);
         advise(v.as_ptr() as *const u8, v.len() * 8, true);
         collapse_anonymous();
         assert!(v.iter().enumerate().all(|(i, &x)| x == i as u64));

@@ -61,8 +61,8 @@ impl Packed {
     /// to f16, 5 bits a weight), Q5_0 rows as the Q8_0 blocks they equal exactly
     /// (`q5_0::as_q8_0`), and the others stay on row dots (`None`). IQ4_NL rows take
     /// [`Kind::IQ4NL`] in 16-row groups (as stored, 4.5 bits a weight, as the K-quants) and
-    /// elsewhere the Q8_0 blocks they equal exactly (8.5 bits); IQ4_XS rows enter as IQ4_NL blocks with each block's scale rounded to
-    /// f16 (`iq4::xs_as_nl`).
+    /// elsewhere the Q8_0 blocks they equal exactly (8.5 bits); IQ4_XS rows enter as IQ4_NL
+    /// blocks with each block's scale rounded to f16 (`iq4::xs_as_nl`).
     pub fn pack(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Option<Packed> {
         let layout = match ty {
             GgmlType::Q2_K
