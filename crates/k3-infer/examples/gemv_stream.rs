@@ -9,6 +9,12 @@
 //! `one` streams the same bytes as one tall matrix of 1024 columns in a single matvec, which
 //! separates the kernel's own streaming from what each of the 168 products' pool jobs costs.
 //!
+//! `jobs:3,1,2,1` (or any list summing to 7) runs each layer's seven matrices as pool jobs of
+//! that many matrices in turn, one activation quantization each: in each job, task i multiplies
+//! its share of every one of the job's matrices' rows, one after the other, with no barrier
+//! between them (`jobs:3,1,2,1` is the engine's grouping: q / k / v, o, gate / up, down;
+//! `jobs:7` one job a layer). `jobs:3,1,3@4` cuts each job into 4 tasks (default: one a thread).
+//!
 //! LAYERS (default 24) shrinks the set: at 1 (~7 MiB) it stays in cache, which shows whether
 //! the kernel itself, not memory, is the limit.
 //!
@@ -19,7 +25,25 @@
 use std::time::Instant;
 
 use k3_infer::linear::{Compute, Matrix};
+use k3_kernels::qgemm::QActs;
 use k3_kernels::quant::GgmlType;
+use k3_kernels::threads::Pool;
+
+/// The fourth argument's `jobs:3,1,2,1[@TASKS]`: the matrices per job (empty: one matvec each)
+/// and tasks per job.
+fn jobs_arg(threads: usize) -> (Vec<usize>, usize) {
+    let arg = std::env::args().nth(4).unwrap_or_default();
+    let Some(spec) = arg.strip_prefix("jobs:") else { return (Vec::new(), threads) };
+    let (list, tasks) = spec.split_once('@').unwrap_or((spec, ""));
+    let groups: Option<Vec<usize>> = list.split(',').map(|g| g.parse().ok()).collect();
+    match (groups, tasks.parse().ok().or((tasks.is_empty()).then_some(threads))) {
+        (Some(g), Some(t)) if g.iter().sum::<usize>() == 7 && !g.contains(&0) && t > 0 => (g, t),
+        _ => {
+            eprintln!("gemv_stream: `{arg}` is not jobs:LIST[@TASKS] with LIST summing to 7 (e.g. jobs:3,1,2,1@4)");
+            std::process::exit(2);
+        }
+    }
+}
 
 fn main() {
     let threads: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(2);
@@ -73,10 +97,35 @@ fn main() {
     let n = bytes / 8;
     let buf = k3_infer::hugepages::counting_words(n);
     // One pass of each, in GB/s.
+    let (groups, tasks) = jobs_arg(threads);
+    let isa = k3_kernels::qgemm::Isa::best().for_tokens(1);
     let mut gemv_pass = || {
         let t0 = Instant::now();
-        for m in &mats {
-            m.matvec(&x[..m.cols], &mut y[..m.rows], cx);
+        if groups.is_empty() {
+            for m in &mats {
+                m.matvec(&x[..m.cols], &mut y[..m.rows], cx);
+            }
+        } else {
+            for layer in mats.chunks(7) {
+                let mut first = 0;
+                for &size in &groups {
+                    let job = &layer[first..first + size];
+                    first += size;
+                    // An activation quantization a job, as the engine has (the values are x's).
+                    let (a1, a2) = (QActs::quantize(&x[..1024], 1, 1024), QActs::quantize(&x[..2816], 1, 2816));
+                    Pool::global().run(threads, tasks, &|i| {
+                        let mut out = vec![0f32; 4096];
+                        for m in job {
+                            let p = m.packed.as_deref().expect("Q4_0 / Q4_1 / Q8_0 matrices are packed");
+                            let a = if m.cols == 1024 { &a1 } else { &a2 };
+                            let lo = (m.rows * i / tasks).next_multiple_of(16).min(m.rows);
+                            let hi = (m.rows * (i + 1) / tasks).next_multiple_of(16).min(m.rows);
+                            k3_kernels::qgemm::gemm_rows(isa, p, a, lo, hi, &mut out[..hi - lo]);
+                        }
+                        std::hint::black_box(&out);
+                    });
+                }
+            }
         }
         bytes as f64 / t0.elapsed().as_secs_f64() / 1e9
     };

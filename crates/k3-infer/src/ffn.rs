@@ -83,7 +83,7 @@ impl Mlp {
         let (mut g, mut u) = (vec![0f32; f], vec![0f32; f]);
         let nb = f / BLOCK;
         let threads = if 2 * f * c < 1 << 15 { 1 } else { cx.threads.max(1) };
-        let n = (2 * threads).min(nb);
+        let n = threads.min(nb); // a band a thread, as linear::tasks_per_thread has for one token
         let (gptr, uptr) = (SendPtr(g.as_mut_ptr()), SendPtr(u.as_mut_ptr()));
         let (qs, d) = (SendPtr(down_in.qs.as_mut_ptr()), SendPtr(down_in.d.as_mut_ptr()));
         let (s, s16) = (SendPtr(down_in.s.as_mut_ptr()), SendPtr(down_in.s16.as_mut_ptr()));

@@ -233,7 +233,7 @@ impl Matrix {
 /// the other up for a whole half, and four when prefilling, where the work is compute.
 fn tasks_per_thread(t: usize) -> usize {
     if t == 1 {
-        2
+        1
     } else {
         4
     }
