@@ -15,6 +15,12 @@
 //! between them (`jobs:3,1,2,1` is the engine's grouping: q / k / v, o, gate / up, down;
 //! `jobs:7` one job a layer). `jobs:3,1,3@4` cuts each job into 4 tasks (default: one a thread).
 //!
+//! `engine` groups them as the engine's decode does (`Matrix::apply_many` over q / k / v, o,
+//! apply_many over gate / up, down: four jobs a layer, tasks that may span matrices);
+//! `stacked` holds the same bytes as four matrices a layer (q / k / v stacked into one of 3072
+//! rows, gate / up into one of 5632, o, down), one matvec each, so each thread starts fewer
+//! streams.
+//!
 //! LAYERS (default 24) shrinks the set: at 1 (~7 MiB) it stays in cache, which shows whether
 //! the kernel itself, not memory, is the limit.
 //!
@@ -75,6 +81,15 @@ fn main() {
         let w = rng.normals(rows * 1024, 0.4);
         let data: Vec<u8> = w.chunks(1024).flat_map(|row| ty.quantize_row(row)).collect();
         vec![Matrix::new(rows, 1024, ty, data)]
+    } else if std::env::args().nth(4).as_deref() == Some("stacked") {
+        (0..layers)
+            .flat_map(|_| {
+                [(3072, 1024), (1024, 1024), (5632, 1024), (1024, 2816)].map(|(r, c)| {
+                    let w = rng.normals(r * c, 0.4);
+                    Matrix::new(r, c, ty, w.chunks(c).flat_map(|row| ty.quantize_row(row)).collect())
+                })
+            })
+            .collect()
     } else {
         (0..layers)
             .flat_map(|_| {
@@ -101,7 +116,14 @@ fn main() {
     let isa = k3_kernels::qgemm::Isa::best().for_tokens(1);
     let mut gemv_pass = || {
         let t0 = Instant::now();
-        if groups.is_empty() {
+        if std::env::args().nth(4).as_deref() == Some("engine") {
+            for l in mats.chunks(7) {
+                std::hint::black_box(Matrix::apply_many(&[&l[0], &l[1], &l[2]], &x[..1024], 1, cx));
+                std::hint::black_box(l[3].apply(&x[..1024], 1, cx));
+                std::hint::black_box(Matrix::apply_many(&[&l[4], &l[5]], &x[..1024], 1, cx));
+                std::hint::black_box(l[6].apply(&x[..2816], 1, cx));
+            }
+        } else if groups.is_empty() {
             for m in &mats {
                 m.matvec(&x[..m.cols], &mut y[..m.rows], cx);
             }
