@@ -322,9 +322,14 @@ unsafe fn gemm_tokens<const VNNI: bool>(
 /// alternating in one process over 15 rounds, went from 81.5% to 84.8% with two streams and
 /// 87.0% with four at 1 thread (88.1% → 92.7% → 95.0% at 2; eight were slower than four); in
 /// a second run 83.7% → 90.4% (1 thread), 85.9% → 93.4% (2). Products of ~1 MiB (the 370M's
-/// layers as 168 matvecs) gained nothing measurable, nor did the engine's decode.
+/// layers as 168 matvecs) gained nothing measurable there, nor did the engine's decode. On the
+/// Zen 4 host of 2026-12-04 (1 MiB L2 a core, 32 MiB L3), the engine's decode prefers two: in
+/// one process alternating the variants every block of tokens (30 rounds), the 370M Q4_0 at 2
+/// threads ran 2.3–5.1% faster with two than with four (24–30 of 30 rounds), as fast with one
+/// at 1 thread (one: −4%); SmolLM2 6.8% (2 threads) and 8.0% (1); `tiny` 3.5%; eight streams
+/// were 10% slower (scripts/experiments/decode-phases).
 #[cfg(target_arch = "x86_64")]
-const STREAMS: usize = 4;
+const STREAMS: usize = 2;
 
 /// [`gemm_avx512bw`]'s arithmetic on 256-bit registers, for CPUs with AVX2 and no AVX-512: each
 /// 64-byte load of a group-block is read as two 32-byte halves (rows 0–7, rows 8–15), each plane
