@@ -4,7 +4,7 @@ use k3_config::Activation;
 use k3_kernels::ops;
 
 use k3_kernels::qgemm::{gemm_rows_out, quantize_row, Isa, OutMat, QActs, BLOCK};
-use k3_kernels::threads::{Pool, SendPtr};
+use k3_kernels::threads::{Pool, SendPtr, DECODE_PAIR};
 
 use crate::linear::{packed_product, Compute, Matrix};
 use crate::Result;
@@ -89,8 +89,10 @@ impl Mlp {
         let (s, s16) = (SendPtr(down_in.s.as_mut_ptr()), SendPtr(down_in.s16.as_mut_ptr()));
         let hs = SendPtr(down_in.hs.as_mut_ptr());
         let isa = Isa::best().for_tokens(1);
-        Pool::global().run(threads, n, &|i| {
-            let (b0, b1) = (i * nb / n, (i + 1) * nb / n);
+        // Two bands are a pair: the caller's first, at the share the balance has learned.
+        let cut = if n == 2 { ((nb as f32 * DECODE_PAIR.share()).round() as usize).clamp(1, nb - 1) } else { 0 };
+        let task = |i: usize| {
+            let (b0, b1) = if n == 2 { [(0, cut), (cut, nb)][i] } else { (i * nb / n, (i + 1) * nb / n) };
             let (lo, hi) = (b0 * BLOCK, b1 * BLOCK);
             acts.warm();
             // SAFETY: task i alone writes rows lo..hi of g and u and blocks b0..b1 of the down
@@ -111,7 +113,12 @@ impl Mlp {
             };
             glu_inplace(gb, ub, self.act);
             quantize_row(gb, q, dq, sq, s16q, hsq);
-        });
+        };
+        if n == 2 {
+            Pool::global().run_pair(&DECODE_PAIR, cut as f32 / nb as f32, &task);
+        } else {
+            Pool::global().run(threads, n, &task);
+        }
         if let Some(name) = &self.down.name {
             crate::calib::record(name, &g, 1, f);
         }

@@ -10,7 +10,7 @@ use k3_kernels::qgemm::{gemm_rows_out, Isa, OutMat, Packed, QActs};
 use k3_kernels::quant::GgmlType;
 
 use crate::threads::par_chunks;
-use k3_kernels::threads::SendPtr;
+use k3_kernels::threads::{SendPtr, DECODE_PAIR};
 
 #[derive(Debug, Clone)]
 pub struct Matrix {
@@ -239,29 +239,57 @@ fn tasks_per_thread(t: usize) -> usize {
     }
 }
 
-/// Cut the matrices' rows, taken in order as one run, into about `n` segments of equal work, at
-/// the kernels' row tiles: task i is a list of `(matrix, lo, hi)` row ranges, contiguous in that
-/// run (a task may end one matrix and start the next).
+/// Cut the matrices' rows, taken in order as one run, into `n` segments of equal work, at the
+/// kernels' row tiles: task i is a list of `(matrix, lo, hi)` row ranges, contiguous in that run
+/// (a task may end one matrix and start the next).
 fn equal_work_tasks(shapes: &[(usize, usize, usize)], n: usize) -> Vec<Vec<(usize, usize, usize)>> {
+    let n = n.max(1);
+    shared_work_tasks(shapes, &vec![1.0 / n as f32; n])
+}
+
+/// [`equal_work_tasks`] with task i taking `shares[i]` of the work (the shares sum to 1): each
+/// task ends at the first row tile at or past its running total. Fewer tasks than shares when
+/// the work runs out first; never an empty one.
+fn shared_work_tasks(shapes: &[(usize, usize, usize)], shares: &[f32]) -> Vec<Vec<(usize, usize, usize)>> {
     let work: usize = shapes.iter().map(|&(rows, cols, _)| rows * cols).sum();
-    let per_task = work.div_ceil(n.max(1)).max(1);
+    let mut cum = 0f64;
+    // The work assigned once task k is done; the last task takes whatever is left.
+    let bounds: Vec<usize> = shares
+        .iter()
+        .enumerate()
+        .map(|(k, &s)| {
+            cum += s as f64;
+            if k + 1 == shares.len() {
+                work
+            } else {
+                ((work as f64 * cum).ceil() as usize).min(work)
+            }
+        })
+        .collect();
     let mut tasks = vec![Vec::new()];
-    let mut filled = 0;
+    let (mut k, mut done) = (0, 0);
     for (j, &(rows, cols, align)) in shapes.iter().enumerate() {
         let mut lo = 0;
         while lo < rows {
-            if filled >= per_task {
-                tasks.push(Vec::new());
-                filled = 0;
+            while done >= bounds[k] && k + 1 < bounds.len() {
+                k += 1;
+                if !tasks.last().is_some_and(Vec::is_empty) {
+                    tasks.push(Vec::new());
+                }
             }
-            let want = (per_task - filled).div_ceil(cols.max(1));
+            let want = (bounds[k] - done.min(bounds[k])).div_ceil(cols.max(1));
             let take = want.next_multiple_of(align).max(align).min(rows - lo);
             tasks.last_mut().expect("one task at least").push((j, lo, lo + take));
-            filled += take * cols;
+            done += take * cols;
             lo += take;
         }
     }
     tasks
+}
+
+/// The work of one task of [`shared_work_tasks`].
+fn task_work(shapes: &[(usize, usize, usize)], task: &[(usize, usize, usize)]) -> usize {
+    task.iter().map(|&(j, lo, hi)| (hi - lo) * shapes[j].1).sum()
 }
 
 /// `y = W · acts` for one packed matrix over an input already quantized (`[T, rows]` out), on
@@ -318,13 +346,21 @@ unsafe fn packed_products_into(jobs: &mut [(&Packed, &QActs, *mut f32)], threads
     let work: usize = jobs.iter().map(|(p, _, _)| p.rows * p.cols * t).sum();
     let threads = if work < 1 << 15 { 1 } else { threads.max(1) };
     let shapes: Vec<(usize, usize, usize)> = jobs.iter().map(|(p, _, _)| (p.rows, p.cols, p.row_align())).collect();
-    let tasks = equal_work_tasks(&shapes, if threads == 1 { 1 } else { threads * tasks_per_thread(t) });
+    // A decode product on two threads is a pair: the caller's task first, at the share the
+    // balance has learned (k3_kernels::threads::PairBalance).
+    let pair = threads == 2 && tasks_per_thread(t) == 1;
+    let tasks = if pair {
+        let share = DECODE_PAIR.share();
+        shared_work_tasks(&shapes, &[share, 1.0 - share])
+    } else {
+        equal_work_tasks(&shapes, if threads == 1 { 1 } else { threads * tasks_per_thread(t) })
+    };
     let mut outs = Vec::with_capacity(jobs.len());
     for (p, acts, y) in jobs.iter_mut() {
         assert_eq!(acts.t, t, "the inputs of one packed job have the same T");
         outs.push((*p, *acts, SendPtr(*y)));
     }
-    crate::threads::Pool::global().run(threads, tasks.len(), &|i| {
+    let task = |i: usize| {
         for &(j, _, _) in &tasks[i] {
             outs[j].1.warm();
         }
@@ -335,7 +371,14 @@ unsafe fn packed_products_into(jobs: &mut [(&Packed, &QActs, *mut f32)], threads
             // this one alone writes columns lo..hi of every row of y_j, and all are written.
             unsafe { gemm_rows_out(isa, p, acts, lo, hi, OutMat::token_major(out.get(), lo, p.rows)) };
         }
-    });
+    };
+    let pool = crate::threads::Pool::global();
+    if pair && tasks.len() == 2 {
+        let (w0, w1) = (task_work(&shapes, &tasks[0]), task_work(&shapes, &tasks[1]));
+        pool.run_pair(&DECODE_PAIR, w0 as f32 / (w0 + w1) as f32, &task);
+    } else {
+        pool.run(threads, tasks.len(), &task);
+    }
 }
 
 /// How matmuls run: thread count, and whether activations stay f32 (`exact`) or are quantized
@@ -460,6 +503,31 @@ mod tests {
             for task in &tasks {
                 let w: usize = task.iter().map(|&(j, lo, hi)| (hi - lo) * shapes[j].1).sum();
                 assert!(w <= fair + 16 * 1024, "n={n}: a task of {w} against a share of {fair}");
+            }
+        }
+    }
+
+    #[test]
+    fn shared_work_tasks_give_each_task_its_share() {
+        let shapes = [(1024, 1024, 16), (8, 1024, 4), (2816, 256, 16), (37, 64, 4)];
+        let work: usize = shapes.iter().map(|s| s.0 * s.1).sum();
+        for share in [0.5f32, 0.3, 0.537, 0.7, 0.0, 1.0] {
+            let tasks = shared_work_tasks(&shapes, &[share, 1.0 - share]);
+            let mut seen: Vec<Vec<u8>> = shapes.iter().map(|s| vec![0; s.0]).collect();
+            for &(j, lo, hi) in tasks.iter().flatten() {
+                assert!(lo < hi && lo % shapes[j].2 == 0, "share {share}: ({j}, {lo}, {hi})");
+                seen[j][lo..hi].iter_mut().for_each(|c| *c += 1);
+            }
+            assert!(seen.iter().flatten().all(|&c| c == 1), "share {share}: a row missed or repeated");
+            assert!(tasks.iter().all(|t| !t.is_empty()), "share {share}: an empty task");
+            if share > 0.0 && share < 1.0 {
+                // Two tasks, the first within one row tile (16 rows of 1024) past its share.
+                assert_eq!(tasks.len(), 2, "share {share}");
+                let w0 = task_work(&shapes, &tasks[0]) as f64;
+                let want = share as f64 * work as f64;
+                assert!(w0 >= want - 1.0 && w0 <= want + 16.0 * 1024.0 + 1.0, "share {share}: {w0} for {want}");
+            } else {
+                assert_eq!(tasks.len(), 1, "share {share}");
             }
         }
     }

@@ -6,7 +6,8 @@
 //! `threads − 1` workers; `run` returns when every task is done. Jobs from different callers are
 //! serialised.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -56,7 +57,13 @@ fn work(job: &Job) {
     }
 }
 
+thread_local! {
+    /// Set on the pool's own threads, so a task can tell whether the caller runs it.
+    static ON_WORKER: Cell<bool> = const { Cell::new(false) };
+}
+
 fn worker(sh: &'static Shared, index: usize) {
+    ON_WORKER.with(|w| w.set(true));
     let mut seen = 0u64;
     loop {
         // Wait for a new generation: spin, then sleep.
@@ -166,6 +173,89 @@ impl Pool {
     }
 }
 
+/// The caller's share of the work of a two-task job ([`Pool::run_pair`]), learned from when each
+/// side finished. With equal halves the two cores of a decode step did not finish together: on
+/// the Zen 4 host the worker's side ran slower, by an amount that drifted from minute to minute
+/// (the learned share moved between 0.49 and 0.57), and the caller waited for it at the end of
+/// each of ~110 jobs a token. Each finished pair moves the share a step towards the split at
+/// which both sides would have ended together at the speeds just seen.
+pub struct PairBalance {
+    /// The caller's share, as f32 bits.
+    share: AtomicU32,
+}
+
+/// The balance of the engine's two-thread decode jobs (its packed products and FFN bands).
+pub static DECODE_PAIR: PairBalance = PairBalance::new();
+
+impl PairBalance {
+    /// Most a share may move from a half: the learned split is a correction, not a hand-over.
+    const LIMIT: f32 = 0.2;
+    /// Weight of each new pair (one decode token runs ~110).
+    const STEP: f32 = 0.05;
+
+    pub const fn new() -> Self {
+        Self { share: AtomicU32::new(0x3f00_0000) } // 0.5
+    }
+
+    /// The caller's share of the next pair's work, within 0.5 ± 0.2; 0.5 when
+    /// `K3MINI_PAIR_BALANCE=0` (for measuring what the balance is worth).
+    pub fn share(&self) -> f32 {
+        static OFF: OnceLock<bool> = OnceLock::new();
+        if *OFF.get_or_init(|| std::env::var("K3MINI_PAIR_BALANCE").is_ok_and(|v| v == "0")) {
+            return 0.5;
+        }
+        self.learned()
+    }
+
+    /// The share as learned, whatever the environment says.
+    fn learned(&self) -> f32 {
+        f32::from_bits(self.share.load(Ordering::Relaxed))
+    }
+
+    /// Take in one pair run with the caller's side at `share` of the work: that side finished
+    /// `caller` after the job was published, the worker's side `worker` after.
+    pub fn observe(&self, share: f32, caller: Duration, worker: Duration) {
+        let (tc, tw) = (caller.as_secs_f32(), worker.as_secs_f32());
+        if !(tc > 0.0 && tw > 0.0 && share > 0.0 && share < 1.0) {
+            return;
+        }
+        // Speeds in work per second, and the split at which both sides would have ended together.
+        let (vc, vw) = (share / tc, (1.0 - share) / tw);
+        let target = vc / (vc + vw);
+        let old = self.learned();
+        let new = (old + Self::STEP * (target - old)).clamp(0.5 - Self::LIMIT, 0.5 + Self::LIMIT);
+        self.share.store(new.to_bits(), Ordering::Relaxed);
+    }
+}
+
+impl Default for PairBalance {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Pool {
+    /// Run tasks 0 and 1 of `f`, task 0 meant for the caller and task 1 for a worker, where task
+    /// 0 holds `share` of the work, and teach `bal` how the two sides' speeds compare. The caller
+    /// takes the first task of every job it publishes (it calls `work` at once, while a worker
+    /// first has to see the job). A pair in which a worker ran task 0, or the caller both (no
+    /// worker, or one that came late), teaches nothing.
+    pub fn run_pair(&self, bal: &PairBalance, share: f32, f: &(dyn Fn(usize) + Sync)) {
+        let t0 = Instant::now();
+        let ends = [AtomicU64::new(0), AtomicU64::new(0)];
+        let by_worker = [AtomicBool::new(false), AtomicBool::new(false)];
+        self.run(2, 2, &|i| {
+            f(i);
+            ends[i].store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            by_worker[i].store(ON_WORKER.with(|w| w.get()), Ordering::Relaxed);
+        });
+        if !by_worker[0].load(Ordering::Relaxed) && by_worker[1].load(Ordering::Relaxed) {
+            let end = |i: usize| Duration::from_nanos(ends[i].load(Ordering::Relaxed));
+            bal.observe(share, end(0), end(1));
+        }
+    }
+}
+
 /// Split `0..n` into `threads` contiguous ranges, run `f(lo, hi)` on each on the global pool and
 /// return `(lo, hi, result)` in order.
 pub fn par_chunks<T: Send>(n: usize, threads: usize, f: impl Fn(usize, usize) -> T + Sync) -> Vec<(usize, usize, T)> {
@@ -264,6 +354,55 @@ mod tests {
                 }
             });
             assert!(buf.chunks_exact(width).enumerate().all(|(r, row)| row.iter().all(|&v| v == r as f32)));
+        }
+    }
+
+    #[test]
+    fn pair_balance_moves_to_the_split_that_ends_both_sides_together() {
+        // The worker's side runs at 3/4 of the caller's speed: both end together when the caller
+        // takes 4/7 of the work.
+        let bal = PairBalance::new();
+        for _ in 0..400 {
+            let s = bal.learned();
+            let (tc, tw) = (s / 1.0, (1.0 - s) / 0.75);
+            bal.observe(s, Duration::from_secs_f32(tc * 1e-4), Duration::from_secs_f32(tw * 1e-4));
+        }
+        assert!((bal.learned() - 4.0 / 7.0).abs() < 1e-3, "{}", bal.learned());
+        // A very slow worker: the share stops at its limit.
+        for _ in 0..400 {
+            let s = bal.learned();
+            bal.observe(s, Duration::from_secs_f32(s * 1e-4), Duration::from_secs_f32((1.0 - s) * 1e-3));
+        }
+        assert!((bal.learned() - 0.7).abs() < 1e-6, "{}", bal.learned());
+        // Nonsense observations change nothing.
+        bal.observe(0.5, Duration::ZERO, Duration::from_micros(3));
+        bal.observe(1.5, Duration::from_micros(3), Duration::from_micros(3));
+        assert!((bal.learned() - 0.7).abs() < 1e-6);
+    }
+
+    #[test]
+    fn run_pair_runs_both_tasks_once_and_learns_from_a_slow_side() {
+        let bal = PairBalance::new();
+        let mut taught = 0;
+        for _ in 0..100 {
+            let hits = [AtomicUsize::new(0), AtomicUsize::new(0)];
+            let on_worker = [AtomicBool::new(false), AtomicBool::new(false)];
+            Pool::global().run_pair(&bal, 0.5, &|i| {
+                hits[i].fetch_add(1, Ordering::Relaxed);
+                on_worker[i].store(ON_WORKER.with(|w| w.get()), Ordering::Relaxed);
+                // The worker's side (task 1) is made the slow one.
+                std::thread::sleep(Duration::from_micros(if i == 1 { 400 } else { 100 }));
+            });
+            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+            taught += usize::from(!on_worker[0].load(Ordering::Relaxed) && on_worker[1].load(Ordering::Relaxed));
+        }
+        // Pairs run as meant teach the balance that the worker's side is slow (it took 4x as long
+        // for the same share: the split that evens them is 0.8, held to 0.7). With one core the
+        // caller runs both tasks and nothing is learned.
+        if taught >= 20 {
+            assert!(bal.learned() > 0.55, "{} after {taught} pairs", bal.learned());
+        } else {
+            assert!(Pool::global().workers == 0 || taught > 0, "no pair ran as meant");
         }
     }
 }
