@@ -217,7 +217,7 @@ impl Kda {
         let mut normed = vec![0f32; w];
         let (tail, s, out) = (SendPtr(st.conv.as_mut_ptr()), SendPtr(st.s.as_mut_ptr()), SendPtr(normed.as_mut_ptr()));
         let threads = if h * kd * kd < 1 << 14 { 1 } else { cx.threads };
-        threads::Pool::global().run(threads, h, &|hh| {
+        let head = |hh: usize| {
             let c = hh * kd..(hh + 1) * kd;
             // SAFETY: head hh alone touches channels c of the three conv tails ([Kc − 1, W] each),
             // its state rows [hh·K·K, (hh+1)·K·K) and its outputs c of `normed`.
@@ -258,7 +258,14 @@ impl Kda {
             self.decay_gate(hh, gh, reference);
             core::kda_step_head(isa, oh, qh, kh, vh, gh, ops::sigmoid(beta[hh]), sh);
             self.gated_norm(nh, oh, gate_h, reference);
-        });
+        };
+        // One task a thread over consecutive heads: each thread's states (and conv taps and
+        // tails) are then one run of memory, which its prefetchers follow from head to head.
+        // With a task a head from the shared counter, the two threads took alternate heads: on
+        // the Zen 4 host, decode in one process alternating the two every 16 tokens was 2–8%
+        // slower that way (scripts/experiments/decode-phases, fifteenth session).
+        let tasks = threads.clamp(1, h);
+        threads::Pool::global().run(threads, tasks, &|i| (i * h / tasks..(i + 1) * h / tasks).for_each(&head));
         self.o.apply(&normed, 1, cx)
     }
 
