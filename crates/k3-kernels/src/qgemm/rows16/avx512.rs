@@ -80,6 +80,11 @@ pub(super) unsafe fn tile<
         _ => Scaling::of(w.kind),
     };
     let has_m = matches!(scaling, Scaling::Min | Scaling::Halves(_));
+    // With VNNI and no planes the high nibbles stay in place (16 × each code, ≤ 240: still an
+    // unsigned byte): one AND a group instead of a shift and an AND, and one shift per block
+    // of the high codes' sums, which are then exact multiples of 16 (+8% on a hot 7 MiB Q4_0
+    // GEMV, Zen 4).
+    let x16 = VNNI && P == 0;
     let ones = _mm512_set1_epi16(1);
     let gb = GROUP_BLOCK + P * PLANE;
     let mut acc = [[_mm512_setzero_ps(); C]; G];
@@ -101,7 +106,7 @@ pub(super) unsafe fn tile<
         let (mut isum, mut isum2) = ([[_mm512_setzero_si512(); C]; G], [[_mm512_setzero_si512(); C]; G]);
         for j in 0..4 {
             for g in 0..G {
-                let (lo4, hi4) = nibble_codes(qb[g], j, P);
+                let (lo4, hi4) = if x16 { nibble_codes_x16(qb[g], j) } else { nibble_codes(qb[g], j, P) };
                 let (isum, isum2) = (&mut isum[g], &mut isum2[g]);
                 for c in 0..C {
                     let xa = _mm512_set1_epi32((xq[c].add(b * BLOCK + 4 * j) as *const i32).read_unaligned());
@@ -127,15 +132,16 @@ pub(super) unsafe fn tile<
             let sc = block_scales::<SUP, H>(has_m, ops[g].d, ops[g].m, b, &mut sup[g]);
             for c in 0..C {
                 let dxb = _mm512_set1_ps(*dx[c].add(b));
+                let hi = if x16 { _mm512_srai_epi32::<4>(isum2[g][c]) } else { isum2[g][c] };
                 let (dot0, dot1) = if H {
                     let (dot0, dot1) = if VNNI || P > 0 {
-                        (isum[g][c], isum2[g][c])
+                        (isum[g][c], hi)
                     } else {
                         (_mm512_madd_epi16(isum[g][c], ones), _mm512_madd_epi16(isum2[g][c], ones))
                     };
                     (_mm512_cvtepi32_ps(dot0), _mm512_cvtepi32_ps(dot1))
                 } else if VNNI || P > 0 {
-                    (_mm512_cvtepi32_ps(_mm512_add_epi32(isum[g][c], isum2[g][c])), _mm512_setzero_ps())
+                    (_mm512_cvtepi32_ps(_mm512_add_epi32(isum[g][c], hi)), _mm512_setzero_ps())
                 } else {
                     (_mm512_cvtepi32_ps(_mm512_madd_epi16(isum[g][c], ones)), _mm512_setzero_ps())
                 };
@@ -237,6 +243,15 @@ pub(super) unsafe fn nibble_codes(qb: *const u8, j: usize, planes: usize) -> (__
         hi4 = _mm512_mask_add_epi8(hi4, masks.add((4 + j) * planes + p).read_unaligned(), hi4, bit);
     }
     (lo4, hi4)
+}
+
+/// [`nibble_codes`] without planes, the high nibbles left in place: 16 × each code (≤ 240, still
+/// an unsigned byte for vpdpbusd), so one AND instead of a shift and an AND; the sums of the high
+/// codes are then 16 × theirs, exactly, and one arithmetic shift per block undoes it.
+#[inline(always)]
+pub(super) unsafe fn nibble_codes_x16(qb: *const u8, j: usize) -> (__m512i, __m512i) {
+    let v = _mm512_loadu_si512(qb.add(j * 64) as *const _);
+    (_mm512_and_si512(v, _mm512_set1_epi8(0x0F)), _mm512_and_si512(v, _mm512_set1_epi8(0xF0u8 as i8)))
 }
 
 /// One block's scales per row lane: `d` the scale (Q6_K, Q3_K: the first half's), `m` the min
