@@ -186,6 +186,60 @@ impl Matrix {
         }
     }
 
+    /// Rows `lo..hi` of `W · x` on the calling thread, token-major: the product of one head's
+    /// block of a stacked per-head matrix (MLA's absorbed `W_uk`, `W_uv`), whose heads then lie
+    /// in one allocation, a thread's run of heads in one run of memory. The bits of
+    /// `self.slice_rows(lo, hi − lo).matmul(x, t, y, cx.single())`, without the copy.
+    ///
+    /// # Shapes
+    /// x: [T, cols] → y: [T, hi − lo]
+    pub fn matmul_rows(&self, lo: usize, hi: usize, x: &[f32], t: usize, y: &mut [f32], cx: Compute) {
+        let (n, cols) = (hi.saturating_sub(lo), self.cols);
+        assert!(
+            lo <= hi && hi <= self.rows && x.len() == t * cols && y.len() == t * n,
+            "matmul_rows: rows {lo}..{hi} of {} with x of {} and y of {} values (T = {t}, {cols} columns)",
+            self.rows,
+            x.len(),
+            y.len()
+        );
+        if let (Some(p), false) = (&self.packed, cx.exact) {
+            if !lo.is_multiple_of(p.row_align()) {
+                // A band the tiles cannot start at (no shape of ours): the copied slice's tiles.
+                return self.slice_rows(lo, n).matmul(x, t, y, cx.single());
+            }
+            let acts = QActs::quantize(x, t, cols);
+            // SAFETY: y holds [T, hi − lo] (checked above) and is borrowed exclusively.
+            unsafe { gemm_rows_out(Isa::best(), p, &acts, lo, hi, OutMat::token_major(y.as_mut_ptr(), 0, n)) };
+            return;
+        }
+        // As `matmul` does on one thread: integer block dots against activations quantized to
+        // the weight's vec_dot type, or f32 dots against dequantized rows (`exact`, f32).
+        let quantized = !cx.exact && self.ty != GgmlType::F32 && self.packed.is_none();
+        let xq: Vec<Vec<u8>> = if quantized {
+            x.chunks_exact(cols).map(|xr| self.ty.quantize_activation(xr)).collect()
+        } else {
+            Vec::new()
+        };
+        let mut w = vec![0f32; cols];
+        for o in lo..hi {
+            if quantized {
+                for (r, xr) in xq.iter().enumerate() {
+                    y[r * n + o - lo] = self.ty.vec_dot(self.row_raw(o), xr);
+                }
+                continue;
+            }
+            let wr: &[f32] = if self.ty == GgmlType::F32 && self.packed.is_none() {
+                bytemuck_f32(self.row_raw(o), &mut w)
+            } else {
+                self.row_into(o, &mut w);
+                &w
+            };
+            for r in 0..t {
+                y[r * n + o - lo] = k3_kernels::ops::dot(&x[r * cols..(r + 1) * cols], wr);
+            }
+        }
+    }
+
     /// `y = W x` for one vector.
     pub fn matvec(&self, x: &[f32], y: &mut [f32], cx: Compute) {
         self.matmul(x, 1, y, cx)
@@ -557,6 +611,32 @@ mod tests {
                 }
                 let mixed = Matrix::apply_many(&[&ms[0], &f16], &x, t, cx);
                 assert!(mixed[1] == f16.apply(&x, t, cx) && mixed[0] == got[0], "mixed group T={t} x{threads}");
+            }
+        }
+    }
+
+    #[test]
+    fn matmul_rows_equals_the_product_of_the_sliced_rows() {
+        // A band of a stacked per-head matrix must give exactly what the copied slice gives:
+        // on 16-row tiles (aligned band), off them (the slice fallback), the exact f32 path, and
+        // for types without tiles (row dots against quantized activations).
+        let mut rng = Rng::new(6);
+        let (rows, cols) = (64, 128);
+        for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::F16, GgmlType::F32] {
+            let w = rng.normals(rows * cols, 0.5);
+            let m = Matrix::new(rows, cols, ty, w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect());
+            for t in [1, 3] {
+                let x = rng.normals(t * cols, 1.0);
+                for (lo, hi) in [(0, 16), (16, 48), (32, 64), (4, 20), (0, 64), (7, 7)] {
+                    for exact in [false, true] {
+                        let cx = Compute { threads: 1, exact };
+                        let mut got = vec![0f32; t * (hi - lo)];
+                        m.matmul_rows(lo, hi, &x, t, &mut got, cx);
+                        let mut want = vec![0f32; t * (hi - lo)];
+                        m.slice_rows(lo, hi - lo).matmul(&x, t, &mut want, cx);
+                        assert!(got == want, "{} rows {lo}..{hi} T={t} exact={exact}", ty.name());
+                    }
+                }
             }
         }
     }
