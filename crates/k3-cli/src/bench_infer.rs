@@ -45,6 +45,21 @@ pub struct BenchInferArgs {
     /// Draw decode tokens/s against context for both engines.
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// The unquantized model (f32 checkpoint directory or f32 GGUF) to judge the benchmarked
+    /// GGUF against: KL divergence, top-1 agreement and perplexity, after the speed runs.
+    #[arg(long)]
+    pub reference: Option<PathBuf>,
+    /// A dataset built with the model's tokenizer whose validation split is read for the quality
+    /// windows (default: the benchmark's pseudo-random ids, where the KL still measures the
+    /// quantization error but perplexity is not a language measure).
+    #[arg(long, requires = "reference")]
+    pub quality_data: Option<PathBuf>,
+    /// Quality windows.
+    #[arg(long, default_value_t = 8)]
+    pub quality_windows: usize,
+    /// Tokens per quality window.
+    #[arg(long, default_value_t = 256)]
+    pub quality_context: usize,
 }
 
 fn list(s: &str, what: &str) -> Result<Vec<usize>> {
@@ -302,6 +317,28 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
     let start_rss = rss_mib("VmRSS:");
     let (mut model, _) = Model::load(&a.model).with_context(|| format!("loading {}", a.model.display()))?;
     let threads = list(&a.threads, "threads")?;
+    // The quality windows up front, so that a wrong --reference or --quality-data fails before
+    // the speed runs, not after them.
+    let quality_windows = match &a.reference {
+        Some(r) => {
+            if a.quality_windows == 0 || a.quality_context < 2 {
+                bail!("--quality-windows must be at least 1 and --quality-context at least 2");
+            }
+            if !r.exists() {
+                bail!(
+                    "--reference {}: no such file or directory (give the f32 checkpoint directory or an f32 GGUF)",
+                    r.display()
+                );
+            }
+            let ws = match &a.quality_data {
+                Some(d) => crate::quant_eval::val_windows(&model, &a.model, d, a.quality_windows, a.quality_context)
+                    .with_context(|| format!("--quality-data {}", d.display()))?,
+                None => random_windows(model.vocab_size(), a.quality_windows, a.quality_context.min(model.n_ctx)),
+            };
+            Some((r, ws))
+        }
+        None => None,
+    };
     let longest = ids_needed(a)?;
     if longest > model.n_ctx {
         bail!("the benchmark needs {longest} tokens of context, the model allows {}", model.n_ctx);
@@ -421,13 +458,47 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
         );
     }
     let _ = std::fs::remove_file(&ids_file);
+    // Quality last, once the speed model is dropped and the peak RSS is read: the f32
+    // reference is several times the quantized model's size.
+    let quality = match quality_windows {
+        Some((r, ws)) => {
+            drop(model);
+            let threads = threads.iter().copied().max().unwrap_or(1);
+            let (ref_ppl, judged) = crate::quant_eval::judge(r, std::slice::from_ref(&a.model), &ws, threads)
+                .with_context(|| format!("judging {} against --reference {}", a.model.display(), r.display()))?;
+            let j = &judged[0];
+            let source = match &a.quality_data {
+                Some(d) => format!("of {} (validation split)", d.display()),
+                None => "of pseudo-random ids (KL measures the quantization error; perplexity on random ids \
+                         is not a language measure)"
+                    .to_string(),
+            };
+            println!(
+                "\nquality against {} (f32): {} windows x {} tokens {source}\n  KL {:.5} nats/token, top-1 {:.4}, \
+                 perplexity {:.3} (reference {:.3}, {:+.2}%)",
+                r.display(),
+                ws.len(),
+                ws[0].len(),
+                j.kl,
+                j.top1,
+                j.ppl,
+                ref_ppl,
+                100.0 * (j.ppl / ref_ppl - 1.0)
+            );
+            Some(json!({"reference": r.display().to_string(), "reference_ppl": ref_ppl, "windows": ws.len(),
+                        "context": ws[0].len(),
+                        "data": a.quality_data.as_ref().map(|d| d.display().to_string()),
+                        "kl": j.kl, "top1": j.top1, "ppl": j.ppl}))
+        }
+        None => None,
+    };
     if let Some(p) = &a.json {
         let j = json!({"model": a.model.display().to_string(), "weight_bytes_per_token": weight_bytes,
                        "isa_prefill": isa.name(), "isa_decode": isa.for_tokens(1).name(),
                        "peak_rss_mib_ours": rss, "start_rss_mib_ours": start_rss,
                        "huge_pages_mib_after_load": huge.map(|h| h as f64 / (1 << 20) as f64), "decode_tokens": a.decode_tokens, "repeat": a.repeat,
                        "prefill_pass_tokens": {"ours": k3_infer::model::PREFILL_CHUNK, "llama_cpp": 512},
-                       "runs": report});
+                       "runs": report, "quality": quality});
         k3_format::safetensors_io::write_atomic(p, serde_json::to_string_pretty(&j)?.as_bytes())?;
     }
     if let Some(p) = &a.plot {
@@ -440,6 +511,13 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
         k3_plot::write_png(&pp, &chart(format!("prefill speed, {name}"), "prompt (tokens)", prefill_series), 900, 560)?;
     }
     Ok(())
+}
+
+/// `n` windows of `ctx` pseudo-random ids (the benchmark's generator, a different stretch per
+/// window).
+fn random_windows(vocab: usize, n: usize, ctx: usize) -> Vec<Vec<u32>> {
+    let ids = k3_infer::bench_ids(n.max(1) * ctx.max(2), vocab);
+    ids.chunks_exact(ctx.max(2)).take(n.max(1)).map(<[u32]>::to_vec).collect()
 }
 
 fn chart(title: String, x_label: &str, series: Vec<(String, Vec<(usize, f64)>)>) -> k3_plot::Chart {

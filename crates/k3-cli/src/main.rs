@@ -210,7 +210,7 @@ pub struct TrainArgs {
 #[derive(Subcommand)]
 enum BenchCmd {
     /// Inference speed: our engine vs llama.cpp on the same GGUF, ids and threads, with ratios.
-    Infer(bench_infer::BenchInferArgs),
+    Infer(Box<bench_infer::BenchInferArgs>),
     /// Read bandwidth of this machine (GB/s) at a thread count: the probe `bench infer` divides
     /// weight bytes by (it runs it in a child process next to each decode measurement). Prints
     /// the bound's bandwidth, then a 512 MiB read's and a read of `--bytes` (the weights' size).

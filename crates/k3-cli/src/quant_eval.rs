@@ -96,35 +96,53 @@ pub struct QuantEvalArgs {
     json: Option<PathBuf>,
 }
 
-pub fn quant_eval(a: &QuantEvalArgs) -> Result<()> {
-    let reference = crate::native::load(&a.reference, a.threads, true)?;
-    let ds = k3_data::dataset::Dataset::open(&a.data).with_context(|| format!("--data {}", a.data.display()))?;
-    check_vocab(&reference, &ds, &a.reference)?;
-    let ws = windows(&ds.val, a.windows, a.context.min(reference.n_ctx));
-    let v = reference.vocab_size();
+/// One quantized model judged against the reference.
+pub struct Judged {
+    pub model: PathBuf,
+    pub mib: f64,
+    /// Mean KL(reference ‖ model) per position, nats.
+    pub kl: f64,
+    /// Share of positions whose argmax agrees with the reference's.
+    pub top1: f64,
+    pub ppl: f64,
+}
+
+impl Judged {
+    pub fn to_json(&self) -> serde_json::Value {
+        json!({"model": self.model.display().to_string(), "mib": self.mib, "kl": self.kl, "top1": self.top1, "ppl": self.ppl})
+    }
+}
+
+/// The llama.cpp rule for a quantized model: over the windows `ws` (token ids, each ≥ 2 long),
+/// the KL divergence from the reference's next-token distribution to each model's, top-1
+/// agreement and perplexity. The reference runs with f32 activations, the models as they run
+/// (activations quantized as llama.cpp does). Returns the reference's perplexity and one
+/// [`Judged`] per model, in order.
+pub fn judge(reference: &Path, models: &[PathBuf], ws: &[Vec<u32>], threads: usize) -> Result<(f64, Vec<Judged>)> {
+    if ws.is_empty() || ws.iter().any(|w| w.len() < 2) {
+        bail!("judging needs at least one window of two or more tokens");
+    }
+    let rm = crate::native::load(reference, threads, true)?;
+    let v = rm.vocab_size();
+    if let Some(&t) = ws.iter().flatten().find(|&&t| t as usize >= v) {
+        bail!("{}: token id {t} is outside the reference's vocabulary of {v}", reference.display());
+    }
     // The reference's log-probabilities once: [windows][T, V].
     let mut ref_lp = Vec::with_capacity(ws.len());
-    for w in &ws {
-        let mut st = reference.new_state();
-        let mut l = reference.forward(w, &mut st, Logits::All)?;
+    for w in ws {
+        let mut st = rm.new_state();
+        let mut l = rm.forward(w, &mut st, Logits::All)?;
         l.chunks_exact_mut(v).for_each(|r| log_softmax(r, 1.0));
         ref_lp.push(l);
     }
+    drop(rm);
     let nll = |lp: &[f32], w: &[u32]| -> f64 {
         (0..w.len() - 1).map(|i| -(lp[i * v + w[i + 1] as usize] as f64)).sum::<f64>() / (w.len() - 1) as f64
     };
     let ref_nll = ws.iter().zip(&ref_lp).map(|(w, lp)| nll(lp, w)).sum::<f64>() / ws.len() as f64;
-    println!(
-        "reference  {}: ppl {:.3} ({} windows x {} tokens, val split)",
-        a.reference.display(),
-        ref_nll.exp(),
-        ws.len(),
-        ws[0].len()
-    );
-    println!("{:<48} {:>10} {:>12} {:>10} {:>10} {:>8}", "model", "MiB", "KL (nats)", "top-1", "ppl", "Δppl %");
     let mut rows = Vec::new();
-    for path in &a.models {
-        let m = crate::native::load(path, a.threads, false)?;
+    for path in models {
+        let m = crate::native::load(path, threads, false)?;
         if m.vocab_size() != v {
             bail!("{}: vocabulary {} differs from the reference's {v}", path.display(), m.vocab_size());
         }
@@ -141,25 +159,59 @@ pub fn quant_eval(a: &QuantEvalArgs) -> Result<()> {
             }
             q_nll += nll(&l, w);
         }
-        let (kl, top1, ppl) = (kl / n as f64, top1 as f64 / n as f64, (q_nll / ws.len() as f64).exp());
-        let mib = std::fs::metadata(path).map_or(0.0, |m| m.len() as f64 / (1 << 20) as f64);
+        rows.push(Judged {
+            model: path.clone(),
+            mib: std::fs::metadata(path).map_or(0.0, |m| m.len() as f64 / (1 << 20) as f64),
+            kl: kl / n as f64,
+            top1: top1 as f64 / n as f64,
+            ppl: (q_nll / ws.len() as f64).exp(),
+        });
+    }
+    Ok((ref_nll.exp(), rows))
+}
+
+pub fn quant_eval(a: &QuantEvalArgs) -> Result<()> {
+    let ds = k3_data::dataset::Dataset::open(&a.data).with_context(|| format!("--data {}", a.data.display()))?;
+    let ws = {
+        let reference = crate::native::load(&a.reference, a.threads, true)?;
+        check_vocab(&reference, &ds, &a.reference)?;
+        windows(&ds.val, a.windows, a.context.min(reference.n_ctx))
+    };
+    let (ref_ppl, rows) = judge(&a.reference, &a.models, &ws, a.threads)?;
+    println!(
+        "reference  {}: ppl {:.3} ({} windows x {} tokens, val split)",
+        a.reference.display(),
+        ref_ppl,
+        ws.len(),
+        ws[0].len()
+    );
+    println!("{:<48} {:>10} {:>12} {:>10} {:>10} {:>8}", "model", "MiB", "KL (nats)", "top-1", "ppl", "Δppl %");
+    for r in &rows {
         println!(
             "{:<48} {:>10.2} {:>12.5} {:>10.4} {:>10.3} {:>8.2}",
-            path.display().to_string(),
-            mib,
-            kl,
-            top1,
-            ppl,
-            100.0 * (ppl / ref_nll.exp() - 1.0)
+            r.model.display().to_string(),
+            r.mib,
+            r.kl,
+            r.top1,
+            r.ppl,
+            100.0 * (r.ppl / ref_ppl - 1.0)
         );
-        rows.push(json!({"model": path.display().to_string(), "mib": mib, "kl": kl, "top1": top1, "ppl": ppl}));
     }
     if let Some(p) = &a.json {
         let text = serde_json::to_string_pretty(&json!({
-            "reference": a.reference.display().to_string(), "reference_ppl": ref_nll.exp(),
-            "windows": ws.len(), "context": ws[0].len(), "data": a.data.display().to_string(), "models": rows,
+            "reference": a.reference.display().to_string(), "reference_ppl": ref_ppl,
+            "windows": ws.len(), "context": ws[0].len(), "data": a.data.display().to_string(),
+            "models": rows.iter().map(Judged::to_json).collect::<Vec<_>>(),
         }))?;
         k3_format::safetensors_io::write_atomic(p, text.as_bytes())?;
     }
     Ok(())
+}
+
+/// Windows of held-out text for judging: `n` windows of `ctx` tokens spread over the validation
+/// split of `data`, checked against the model's vocabulary.
+pub fn val_windows(model: &Model, model_path: &Path, data: &Path, n: usize, ctx: usize) -> Result<Vec<Vec<u32>>> {
+    let ds = k3_data::dataset::Dataset::open(data)?;
+    check_vocab(model, &ds, model_path)?;
+    Ok(windows(&ds.val, n, ctx.min(model.n_ctx)))
 }
