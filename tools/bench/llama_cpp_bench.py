@@ -15,6 +15,12 @@ line on stdout:
                  the model was loaded, with Python and llama_cpp imported)
 The first line out, once the model is loaded, is {"ready": true, "llama_cpp_python": version}.
 Exit code 3 means llama_cpp is not importable.
+
+    llama_cpp_bench.py MODEL.gguf --threads 2 --logits WINDOWS.txt OUT_DIR
+
+instead writes the logits of every window (one comma-separated line of ids each, evaluated as a
+fresh sequence) as raw little-endian f32 [T, V] to OUT_DIR/window-I.f32 and prints {"windows": n}:
+the quality step of `k3mini bench infer --reference`.
 """
 import argparse
 import json
@@ -57,9 +63,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--ids", required=True)
-    ap.add_argument("--n-ctx", type=int, required=True)
+    ap.add_argument("--ids")
+    ap.add_argument("--n-ctx", type=int)
+    ap.add_argument("--logits", nargs=2, metavar=("WINDOWS", "OUT_DIR"))
     a = ap.parse_args()
+    if a.logits:
+        return logits(a)
+    if a.ids is None or a.n_ctx is None:
+        ap.error("--ids and --n-ctx are required (or --logits WINDOWS OUT_DIR)")
     ids = [int(x) for x in open(a.ids).read().split(",") if x.strip()]
     start = rss_mib("VmRSS")
     llm = llama_cpp.Llama(model_path=a.model, n_ctx=a.n_ctx, n_threads=a.threads, n_threads_batch=a.threads,
@@ -92,6 +103,22 @@ def main():
         else:
             print(f"unknown command: {line.strip()}", file=sys.stderr)
             sys.exit(2)
+
+
+def logits(a):
+    import os
+
+    import numpy as np
+
+    windows = [[int(x) for x in line.split(",") if x.strip()] for line in open(a.logits[0]) if line.strip()]
+    llm = llama_cpp.Llama(model_path=a.model, n_ctx=max(len(w) for w in windows) + 16, n_threads=a.threads,
+                          n_threads_batch=a.threads, n_batch=512, n_ubatch=512, logits_all=True, verbose=False)
+    for i, w in enumerate(windows):
+        fresh(llm)
+        llm.eval(w)
+        out = os.path.join(a.logits[1], f"window-{i}.f32")
+        np.ascontiguousarray(np.array(llm.scores[: len(w)], dtype="<f4")).tofile(out)
+    say({"windows": len(windows)})
 
 
 if __name__ == "__main__":

@@ -463,32 +463,11 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
     let quality = match quality_windows {
         Some((r, ws)) => {
             drop(model);
-            let threads = threads.iter().copied().max().unwrap_or(1);
-            let (ref_ppl, judged) = crate::quant_eval::judge(r, std::slice::from_ref(&a.model), &ws, threads)
-                .with_context(|| format!("judging {} against --reference {}", a.model.display(), r.display()))?;
-            let j = &judged[0];
-            let source = match &a.quality_data {
-                Some(d) => format!("of {} (validation split)", d.display()),
-                None => "of pseudo-random ids (KL measures the quantization error; perplexity on random ids \
-                         is not a language measure)"
-                    .to_string(),
-            };
-            println!(
-                "\nquality against {} (f32): {} windows x {} tokens {source}\n  KL {:.5} nats/token, top-1 {:.4}, \
-                 perplexity {:.3} (reference {:.3}, {:+.2}%)",
-                r.display(),
-                ws.len(),
-                ws[0].len(),
-                j.kl,
-                j.top1,
-                j.ppl,
-                ref_ppl,
-                100.0 * (j.ppl / ref_ppl - 1.0)
-            );
-            Some(json!({"reference": r.display().to_string(), "reference_ppl": ref_ppl, "windows": ws.len(),
-                        "context": ws[0].len(),
-                        "data": a.quality_data.as_ref().map(|d| d.display().to_string()),
-                        "kl": j.kl, "top1": j.top1, "ppl": j.ppl}))
+            let n = threads.iter().copied().max().unwrap_or(1);
+            Some(
+                quality(a, r, &ws, n)
+                    .with_context(|| format!("judging {} against --reference {}", a.model.display(), r.display()))?,
+            )
         }
         None => None,
     };
@@ -511,6 +490,50 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
         k3_plot::write_png(&pp, &chart(format!("prefill speed, {name}"), "prompt (tokens)", prefill_series), 900, 560)?;
     }
     Ok(())
+}
+
+/// The benchmarked GGUF judged against the f32 `reference` over the windows `ws` (KL, top-1,
+/// perplexity), in our engine and, unless `--no-llama`, in llama.cpp on the same file; printed,
+/// and returned for the JSON.
+fn quality(a: &BenchInferArgs, reference: &Path, ws: &[Vec<u32>], threads: usize) -> Result<Value> {
+    use crate::quant_eval::{reference_logprobs, reference_ppl, score};
+    let (v, ref_lp) = reference_logprobs(reference, ws, threads)?;
+    let ref_ppl = reference_ppl(&ref_lp, ws, v);
+    let m = crate::native::load(&a.model, threads, false)?;
+    if m.vocab_size() != v {
+        bail!("{}: vocabulary {} differs from the reference's {v}", a.model.display(), m.vocab_size());
+    }
+    let ours = score(&ref_lp, ws, v, |i| Ok(m.forward(&ws[i], &mut m.new_state(), Logits::All)?))?;
+    drop(m);
+    let theirs = match a.no_llama || a.model.is_dir() {
+        true => None,
+        false => match crate::bench_llama::window_logits(&a.model, ws, threads, v)? {
+            Some(mut l) => Some(score(&ref_lp, ws, v, |i| Ok(std::mem::take(&mut l[i])))?),
+            None => None,
+        },
+    };
+    let source = match &a.quality_data {
+        Some(d) => format!("of {} (validation split)", d.display()),
+        None => "of pseudo-random ids (KL measures the quantization error; perplexity on random ids is not \
+                 a language measure)"
+            .to_string(),
+    };
+    println!(
+        "\nquality against {} (f32, perplexity {ref_ppl:.3}): {} windows x {} tokens {source}",
+        reference.display(),
+        ws.len(),
+        ws[0].len()
+    );
+    println!("  {:<10} {:>12} {:>8} {:>12} {:>8}", "", "KL (nats)", "top-1", "perplexity", "Δppl");
+    for (who, q) in [("ours", Some(ours)), ("llama.cpp", theirs)] {
+        if let Some((kl, top1, ppl)) = q {
+            println!("  {who:<10} {kl:>12.5} {top1:>8.4} {ppl:>12.3} {:>+7.2}%", 100.0 * (ppl / ref_ppl - 1.0));
+        }
+    }
+    let each = |q: (f64, f64, f64)| json!({"kl": q.0, "top1": q.1, "ppl": q.2});
+    Ok(json!({"reference": reference.display().to_string(), "reference_ppl": ref_ppl, "windows": ws.len(),
+              "context": ws[0].len(), "data": a.quality_data.as_ref().map(|d| d.display().to_string()),
+              "kl": ours.0, "top1": ours.1, "ppl": ours.2, "llama_cpp": theirs.map(each)}))
 }
 
 /// `n` windows of `ctx` pseudo-random ids (the benchmark's generator, a different stretch per

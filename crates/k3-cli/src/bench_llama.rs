@@ -19,6 +19,53 @@ pub struct Llama {
     pub version: String,
 }
 
+/// llama.cpp's logits for each window of ids (a fresh sequence each), [T, V] per window, through
+/// `llama_cpp_bench.py --logits`; `None` (with a message) when llama_cpp is not installed.
+pub fn window_logits(model: &Path, windows: &[Vec<u32>], threads: usize, v: usize) -> Result<Option<Vec<Vec<f32>>>> {
+    let py = std::env::var("K3MINI_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/bench/llama_cpp_bench.py");
+    let dir = std::env::temp_dir().join(format!("k3mini-quality-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let list = dir.join("windows.txt");
+    let text: Vec<String> =
+        windows.iter().map(|w| w.iter().map(u32::to_string).collect::<Vec<_>>().join(",")).collect();
+    std::fs::write(&list, text.join("\n")).with_context(|| format!("writing {}", list.display()))?;
+    let out = Command::new(&py)
+        .arg(&script)
+        .arg(model)
+        .args(["--threads", &threads.to_string(), "--logits"])
+        .arg(&list)
+        .arg(&dir)
+        .output()
+        .with_context(|| format!("running {py} {}", script.display()))?;
+    let result = match out.status.code() {
+        Some(0) => windows
+            .iter()
+            .enumerate()
+            .map(|(i, w)| {
+                let f = dir.join(format!("window-{i}.f32"));
+                let bytes = std::fs::read(&f).with_context(|| format!("reading {}", f.display()))?;
+                if bytes.len() != 4 * w.len() * v {
+                    bail!("{}: {} bytes, not {} tokens x {v} f32 logits", f.display(), bytes.len(), w.len());
+                }
+                Ok(Some(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()))
+            })
+            .collect::<Result<Option<Vec<_>>>>(),
+        Some(3) => {
+            eprintln!("llama.cpp is not installed in {py}; run scripts/setup-llama-cpp (its quality is skipped)");
+            Ok(None)
+        }
+        code => Err(anyhow::anyhow!(
+            "{} --logits exited ({code:?}) on {}:\n{}",
+            script.display(),
+            model.display(),
+            String::from_utf8_lossy(&out.stderr)
+        )),
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
 impl Llama {
     /// Start the script on `model` with `threads` threads and a context of `n_ctx`, over the
     /// comma-separated ids in `ids_file`. `None` (with a message) when llama_cpp is not installed.

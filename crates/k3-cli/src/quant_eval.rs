@@ -113,12 +113,9 @@ impl Judged {
     }
 }
 
-/// The llama.cpp rule for a quantized model: over the windows `ws` (token ids, each ≥ 2 long),
-/// the KL divergence from the reference's next-token distribution to each model's, top-1
-/// agreement and perplexity. The reference runs with f32 activations, the models as they run
-/// (activations quantized as llama.cpp does). Returns the reference's perplexity and one
-/// [`Judged`] per model, in order.
-pub fn judge(reference: &Path, models: &[PathBuf], ws: &[Vec<u32>], threads: usize) -> Result<(f64, Vec<Judged>)> {
+/// The reference's next-token log-probabilities over the windows `ws` (token ids, each ≥ 2
+/// long), with f32 activations: the vocabulary size and, per window, [T, V].
+pub fn reference_logprobs(reference: &Path, ws: &[Vec<u32>], threads: usize) -> Result<(usize, Vec<Vec<f32>>)> {
     if ws.is_empty() || ws.iter().any(|w| w.len() < 2) {
         bail!("judging needs at least one window of two or more tokens");
     }
@@ -127,7 +124,6 @@ pub fn judge(reference: &Path, models: &[PathBuf], ws: &[Vec<u32>], threads: usi
     if let Some(&t) = ws.iter().flatten().find(|&&t| t as usize >= v) {
         bail!("{}: token id {t} is outside the reference's vocabulary of {v}", reference.display());
     }
-    // The reference's log-probabilities once: [windows][T, V].
     let mut ref_lp = Vec::with_capacity(ws.len());
     for w in ws {
         let mut st = rm.new_state();
@@ -135,39 +131,63 @@ pub fn judge(reference: &Path, models: &[PathBuf], ws: &[Vec<u32>], threads: usi
         l.chunks_exact_mut(v).for_each(|r| log_softmax(r, 1.0));
         ref_lp.push(l);
     }
-    drop(rm);
-    let nll = |lp: &[f32], w: &[u32]| -> f64 {
-        (0..w.len() - 1).map(|i| -(lp[i * v + w[i + 1] as usize] as f64)).sum::<f64>() / (w.len() - 1) as f64
-    };
-    let ref_nll = ws.iter().zip(&ref_lp).map(|(w, lp)| nll(lp, w)).sum::<f64>() / ws.len() as f64;
+    Ok((v, ref_lp))
+}
+
+/// Mean negative log-likelihood of each window's next tokens under log-probabilities `lp` [T, V].
+fn nll(lp: &[f32], w: &[u32], v: usize) -> f64 {
+    (0..w.len() - 1).map(|i| -(lp[i * v + w[i + 1] as usize] as f64)).sum::<f64>() / (w.len() - 1) as f64
+}
+
+/// The reference's perplexity over the windows.
+pub fn reference_ppl(ref_lp: &[Vec<f32>], ws: &[Vec<u32>], v: usize) -> f64 {
+    (ws.iter().zip(ref_lp).map(|(w, lp)| nll(lp, w, v)).sum::<f64>() / ws.len() as f64).exp()
+}
+
+/// The llama.cpp rule for a quantized model, given its logits for window i ([T, V], from our
+/// engine or another; asked for one window at a time): the mean KL(reference ‖ model) per position, top-1 agreement with the
+/// reference, and perplexity.
+pub fn score(
+    ref_lp: &[Vec<f32>],
+    ws: &[Vec<u32>],
+    v: usize,
+    mut logits: impl FnMut(usize) -> Result<Vec<f32>>,
+) -> Result<(f64, f64, f64)> {
+    let (mut kl, mut top1, mut n, mut q_nll) = (0.0f64, 0usize, 0usize, 0.0f64);
+    for (i, (w, rl)) in ws.iter().zip(ref_lp).enumerate() {
+        let mut l = logits(i)?;
+        if l.len() != rl.len() {
+            bail!("logits of {} values for a window of {} tokens x {v}", l.len(), w.len());
+        }
+        l.chunks_exact_mut(v).for_each(|r| log_softmax(r, 1.0));
+        for (p, q) in rl.chunks_exact(v).zip(l.chunks_exact(v)) {
+            kl += p.iter().zip(q).map(|(&lp, &lq)| (lp as f64).exp() * (lp - lq) as f64).sum::<f64>();
+            let am = |r: &[f32]| r.iter().enumerate().max_by(|x, y| x.1.total_cmp(y.1)).map_or(0, |x| x.0);
+            top1 += usize::from(am(p) == am(q));
+            n += 1;
+        }
+        q_nll += nll(&l, w, v);
+    }
+    Ok((kl / n as f64, top1 as f64 / n as f64, (q_nll / ws.len() as f64).exp()))
+}
+
+/// [`score`] of each quantized model in our engine (activations quantized as llama.cpp does)
+/// against the reference (f32 activations). Returns the reference's perplexity and one
+/// [`Judged`] per model, in order.
+pub fn judge(reference: &Path, models: &[PathBuf], ws: &[Vec<u32>], threads: usize) -> Result<(f64, Vec<Judged>)> {
+    let (v, ref_lp) = reference_logprobs(reference, ws, threads)?;
     let mut rows = Vec::new();
     for path in models {
         let m = crate::native::load(path, threads, false)?;
         if m.vocab_size() != v {
             bail!("{}: vocabulary {} differs from the reference's {v}", path.display(), m.vocab_size());
         }
-        let (mut kl, mut top1, mut n, mut q_nll) = (0.0f64, 0usize, 0usize, 0.0f64);
-        for (w, rl) in ws.iter().zip(&ref_lp) {
-            let mut st = m.new_state();
-            let mut l = m.forward(w, &mut st, Logits::All)?;
-            l.chunks_exact_mut(v).for_each(|r| log_softmax(r, 1.0));
-            for (p, q) in rl.chunks_exact(v).zip(l.chunks_exact(v)) {
-                kl += p.iter().zip(q).map(|(&lp, &lq)| (lp as f64).exp() * (lp - lq) as f64).sum::<f64>();
-                let am = |r: &[f32]| r.iter().enumerate().max_by(|x, y| x.1.total_cmp(y.1)).map_or(0, |x| x.0);
-                top1 += usize::from(am(p) == am(q));
-                n += 1;
-            }
-            q_nll += nll(&l, w);
-        }
-        rows.push(Judged {
-            model: path.clone(),
-            mib: std::fs::metadata(path).map_or(0.0, |m| m.len() as f64 / (1 << 20) as f64),
-            kl: kl / n as f64,
-            top1: top1 as f64 / n as f64,
-            ppl: (q_nll / ws.len() as f64).exp(),
-        });
+        let logits = |i: usize| Ok(m.forward(&ws[i], &mut m.new_state(), Logits::All)?);
+        let (kl, top1, ppl) = score(&ref_lp, ws, v, logits)?;
+        let mib = std::fs::metadata(path).map_or(0.0, |m| m.len() as f64 / (1 << 20) as f64);
+        rows.push(Judged { model: path.clone(), mib, kl, top1, ppl });
     }
-    Ok((ref_nll.exp(), rows))
+    Ok((reference_ppl(&ref_lp, ws, v), rows))
 }
 
 pub fn quant_eval(a: &QuantEvalArgs) -> Result<()> {

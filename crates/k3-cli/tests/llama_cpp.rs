@@ -448,3 +448,34 @@ fn gguf_from_llama_cpp_converter_loads() {
         assert!(diff <= tol, "{msg} {}: max |Δ| {diff:e} > {tol}", model.display());
     }
 }
+
+/// `bench infer --reference` judges the file in llama.cpp too: on the f32 GGUF both engines
+/// match the checkpoint (KL ~0); on its Q4_0 GGUF, llama.cpp's KL to f32 is within 10% of ours
+/// (the same file, activations rounded the same way).
+#[test]
+fn bench_infer_quality_in_both_engines() {
+    let Some(_py) = llama_python() else { return };
+    let d = scratch("bench-quality-llama");
+    for ty in ["f32", "q4_0"] {
+        let g = d.join(format!("{ty}.gguf"));
+        run(k3mini().args(["quantize", "--type", ty, "--model"]).arg(golden("tiny_k3")).arg("--out").arg(&g));
+        let json = d.join(format!("{ty}.json"));
+        let text = run(k3mini()
+            .args(["bench", "infer", "--threads", "1", "--prefill", "8", "--decode-ctx", "0", "--decode-tokens", "2"])
+            .args(["--repeat", "1", "--quality-windows", "3", "--quality-context", "24", "--model"])
+            .arg(&g)
+            .arg("--reference")
+            .arg(golden("tiny_k3"))
+            .arg("--json")
+            .arg(&json));
+        let j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
+        let q = &j["quality"];
+        let (ours, theirs) = (q["kl"].as_f64().expect("kl"), q["llama_cpp"]["kl"].as_f64().expect("llama.cpp kl"));
+        eprintln!("{ty}: KL ours {ours:e}, llama.cpp {theirs:e}");
+        if ty == "f32" {
+            assert!(ours.abs() < 1e-6 && theirs.abs() < 1e-4, "{ty}: {q}\n{text}");
+        } else {
+            assert!(ours > 1e-3 && (theirs / ours - 1.0).abs() < 0.1, "{ty}: {q}\n{text}");
+        }
+    }
+}
