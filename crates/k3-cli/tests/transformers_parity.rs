@@ -1,7 +1,8 @@
 //! Cross-implementation tests (train tier): the `k3mini` binary against transformers 5.24 running
 //! in the project venv.
 //! - random tiny `kimi_linear` checkpoints that transformers itself creates and saves, with
-//!   dimensions and seeds drawn fresh (dense and MoE): `k3mini logits` within 1e-4;
+//!   dimensions and seeds drawn fresh (dense and MoE): `k3mini logits` within 1e-4 of the logits'
+//!   scale (at least 1e-4);
 //! - Kimi-Linear-profile `k3mini init` checkpoints load in transformers with the same logits, and
 //!   survive a transformers save_pretrained round trip.
 #![cfg(feature = "train")]
@@ -30,6 +31,13 @@ fn random_transformers_checkpoints_match() {
         let (_, ids) = read(&d.join("io.safetensors"), "input_ids");
         let ids: Vec<String> = ids.iter().map(|x| (*x as i64).to_string()).collect();
         let (tshape, theirs) = read(&d.join("io.safetensors"), "logits");
+        // 1e-4 of the logits' scale (at least 1e-4): transformers' chunked KDA (its reference
+        // fallback) sums in another order than the native engine's token-by-token recurrence.
+        // On seed 583632 (moe, six KDA layers, T = 118, logits up to 4.3) the tch engine was
+        // 4.9e-5 from transformers and the native one 1.7e-4 (4e-5 of the scale), the native
+        // one alike before and after the 2026-12-05 changes: rounding that grows with the
+        // logits, not a fault (a wrong term moves logits by 1e-2 and more).
+        let tol = 1e-4 * theirs.iter().fold(1f32, |m, x| m.max(x.abs()));
         // Both engines: the tch model and the pure-Rust one (reference numerics).
         for engine in [["--engine", "torch"], ["--engine", "native"]] {
             let out = d.join("ours.safetensors");
@@ -42,7 +50,7 @@ fn random_transformers_checkpoints_match() {
             let (shape, ours) = read(&out, "logits");
             assert_eq!(shape, tshape);
             let diff = max_abs(&ours, &theirs);
-            assert!(diff < 1e-4, "{msg}: max |k3mini {} − transformers| = {diff:e}", engine[1]);
+            assert!(diff < tol, "{msg}: max |k3mini {} − transformers| = {diff:e} (tolerance {tol:e})", engine[1]);
         }
         let _ = std::fs::remove_dir_all(&d);
     }
