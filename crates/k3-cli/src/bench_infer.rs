@@ -289,6 +289,15 @@ fn measure(
                 // At context 0 the bandwidth is probed right before each of our repeats, so that
                 // each ratio to the bound pairs a decode and a probe from the same moment.
                 let bw = if c == 0 { probe_child(threads, weight_bytes).map(|p| p.0) } else { None };
+                if c == 0 {
+                    // The probe kept both cores busy long enough for our worker to go to sleep;
+                    // woken by the first job, the scheduler could queue it behind the caller's
+                    // core for a tick or more, inside the timed block (2-thread decode @0 of
+                    // `tiny` read 2.7-4.3K tok/s after a probe against 7.3-7.7K once the
+                    // threads have met; the 370M's blocks dipped to 107-118 tok/s against
+                    // 125-148). llama.cpp's blocks never follow the probe directly.
+                    k3_infer::threads::Pool::global().rendezvous(threads, std::time::Duration::from_millis(50));
+                }
                 let t0 = Instant::now();
                 for &tok in &ids[block.clone()] {
                     model.forward(&[tok], &mut st, Logits::Last)?;

@@ -173,6 +173,36 @@ impl Pool {
     }
 }
 
+impl Pool {
+    /// Wait until `threads` threads of the pool (the caller and `threads − 1` workers) run at
+    /// once: repeated meetings, each task arriving and spinning until all have, until one
+    /// completes within 100 µs (all on cores together), or `limit` has passed. Returns whether
+    /// they met in time. After a sleep (a benchmark's probe in another process, an idle server)
+    /// the workers wake on the next job, and the scheduler may first queue a woken worker
+    /// behind the caller on its core: a timed region that starts after this does not pay that.
+    pub fn rendezvous(&self, threads: usize, limit: Duration) -> bool {
+        let n = threads.clamp(1, self.workers + 1);
+        if n == 1 {
+            return true;
+        }
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            let arrived = AtomicUsize::new(0);
+            let t0 = Instant::now();
+            self.run(n, n, &|_| {
+                arrived.fetch_add(1, Ordering::AcqRel);
+                while arrived.load(Ordering::Acquire) < n && start.elapsed() < limit {
+                    std::hint::spin_loop();
+                }
+            });
+            if t0.elapsed() < Duration::from_micros(100) {
+                return true;
+            }
+        }
+        false
+    }
+}
+
 /// The caller's share of the work of a two-task job ([`Pool::run_pair`]), learned from when each
 /// side finished. With equal halves the two cores of a decode step did not finish together: on
 /// the Zen 4 host the worker's side ran slower, by an amount that drifted from minute to minute
@@ -403,6 +433,25 @@ mod tests {
             assert!(bal.learned() > 0.55, "{} after {taught} pairs", bal.learned());
         } else {
             assert!(Pool::global().workers == 0 || taught > 0, "no pair ran as meant");
+        }
+    }
+
+    #[test]
+    fn rendezvous_returns_within_its_limit_and_leaves_the_pool_working() {
+        let pool = Pool::global();
+        assert!(pool.rendezvous(1, Duration::ZERO), "one thread meets itself");
+        // Whether the threads meet depends on the machine's load (tests run beside this one),
+        // but the wait is bounded by its limit, and a job right after runs every task once.
+        for threads in [2, pool.workers + 1, pool.workers + 8] {
+            let t0 = Instant::now();
+            let met = pool.rendezvous(threads, Duration::from_millis(50));
+            let took = t0.elapsed();
+            assert!(took < Duration::from_millis(50 + 500), "{threads} threads: waited {took:?} (met: {met})");
+            let hits: Vec<AtomicUsize> = (0..16).map(|_| AtomicUsize::new(0)).collect();
+            pool.run(threads, 16, &|i| {
+                hits[i].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "{threads} threads: a task not run once");
         }
     }
 }
