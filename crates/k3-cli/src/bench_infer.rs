@@ -505,15 +505,14 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
 /// perplexity), in our engine and, unless `--no-llama`, in llama.cpp on the same file; printed,
 /// and returned for the JSON.
 fn quality(a: &BenchInferArgs, reference: &Path, ws: &[Vec<u32>], threads: usize) -> Result<Value> {
-    use crate::quant_eval::{reference_logprobs, reference_ppl, score};
-    let (v, ref_lp) = reference_logprobs(reference, ws, threads)?;
+    use crate::quant_eval::{judge_model, reference_logprobs, reference_ppl, score};
+    let (v, ref_lp) = {
+        let rm = crate::native::load(reference, threads, true)?;
+        (rm.vocab_size(), reference_logprobs(&rm, reference, ws)?)
+    };
     let ref_ppl = reference_ppl(&ref_lp, ws, v);
-    let m = crate::native::load(&a.model, threads, false)?;
-    if m.vocab_size() != v {
-        bail!("{}: vocabulary {} differs from the reference's {v}", a.model.display(), m.vocab_size());
-    }
-    let ours = score(&ref_lp, ws, v, |i| Ok(m.forward(&ws[i], &mut m.new_state(), Logits::All)?))?;
-    drop(m);
+    let j = judge_model(&a.model, &ref_lp, ws, v, threads)?;
+    let ours = (j.kl, j.top1, j.ppl);
     let theirs = match a.no_llama || a.model.is_dir() {
         true => None,
         false => match crate::bench_llama::window_logits(&a.model, ws, threads, v)? {
@@ -548,8 +547,7 @@ fn quality(a: &BenchInferArgs, reference: &Path, ws: &[Vec<u32>], threads: usize
 /// `n` windows of `ctx` pseudo-random ids (the benchmark's generator, a different stretch per
 /// window).
 fn random_windows(vocab: usize, n: usize, ctx: usize) -> Vec<Vec<u32>> {
-    let ids = k3_infer::bench_ids(n.max(1) * ctx.max(2), vocab);
-    ids.chunks_exact(ctx.max(2)).take(n.max(1)).map(<[u32]>::to_vec).collect()
+    k3_infer::bench_ids(n * ctx, vocab).chunks_exact(ctx).map(<[u32]>::to_vec).collect()
 }
 
 fn chart(title: String, x_label: &str, series: Vec<(String, Vec<(usize, f64)>)>) -> k3_plot::Chart {

@@ -19,11 +19,16 @@ pub struct Llama {
     pub version: String,
 }
 
+/// The project venv's python (`K3MINI_PYTHON`, else `python3`) and the llama.cpp side's script.
+fn python_and_script() -> (String, PathBuf) {
+    let py = std::env::var("K3MINI_PYTHON").unwrap_or_else(|_| "python3".into());
+    (py, Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/bench/llama_cpp_bench.py"))
+}
+
 /// llama.cpp's logits for each window of ids (a fresh sequence each), [T, V] per window, through
 /// `llama_cpp_bench.py --logits`; `None` (with a message) when llama_cpp is not installed.
 pub fn window_logits(model: &Path, windows: &[Vec<u32>], threads: usize, v: usize) -> Result<Option<Vec<Vec<f32>>>> {
-    let py = std::env::var("K3MINI_PYTHON").unwrap_or_else(|_| "python3".into());
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/bench/llama_cpp_bench.py");
+    let (py, script) = python_and_script();
     let dir = std::env::temp_dir().join(format!("k3mini-quality-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let list = dir.join("windows.txt");
@@ -70,8 +75,7 @@ impl Llama {
     /// Start the script on `model` with `threads` threads and a context of `n_ctx`, over the
     /// comma-separated ids in `ids_file`. `None` (with a message) when llama_cpp is not installed.
     pub fn start(model: &Path, ids_file: &Path, threads: usize, n_ctx: usize) -> Result<Option<Self>> {
-        let py = std::env::var("K3MINI_PYTHON").unwrap_or_else(|_| "python3".into());
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/bench/llama_cpp_bench.py");
+        let (py, script) = python_and_script();
         let err_file = ids_file.with_extension(format!("llama-{threads}.err"));
         let err = std::fs::File::create(&err_file).with_context(|| format!("creating {}", err_file.display()))?;
         let mut child = Command::new(&py)

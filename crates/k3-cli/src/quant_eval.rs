@@ -114,15 +114,15 @@ impl Judged {
 }
 
 /// The reference's next-token log-probabilities over the windows `ws` (token ids, each ≥ 2
-/// long), with f32 activations: the vocabulary size and, per window, [T, V].
-pub fn reference_logprobs(reference: &Path, ws: &[Vec<u32>], threads: usize) -> Result<(usize, Vec<Vec<f32>>)> {
+/// long): per window, [T, V]. `rm` is the reference loaded with f32 activations (`exact`), and
+/// `what` names it in errors.
+pub fn reference_logprobs(rm: &Model, what: &Path, ws: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
     if ws.is_empty() || ws.iter().any(|w| w.len() < 2) {
         bail!("judging needs at least one window of two or more tokens");
     }
-    let rm = crate::native::load(reference, threads, true)?;
     let v = rm.vocab_size();
     if let Some(&t) = ws.iter().flatten().find(|&&t| t as usize >= v) {
-        bail!("{}: token id {t} is outside the reference's vocabulary of {v}", reference.display());
+        bail!("{}: token id {t} is outside the reference's vocabulary of {v}", what.display());
     }
     let mut ref_lp = Vec::with_capacity(ws.len());
     for w in ws {
@@ -131,7 +131,7 @@ pub fn reference_logprobs(reference: &Path, ws: &[Vec<u32>], threads: usize) -> 
         l.chunks_exact_mut(v).for_each(|r| log_softmax(r, 1.0));
         ref_lp.push(l);
     }
-    Ok((v, ref_lp))
+    Ok(ref_lp)
 }
 
 /// Mean negative log-likelihood of each window's next tokens under log-probabilities `lp` [T, V].
@@ -145,8 +145,8 @@ pub fn reference_ppl(ref_lp: &[Vec<f32>], ws: &[Vec<u32>], v: usize) -> f64 {
 }
 
 /// The llama.cpp rule for a quantized model, given its logits for window i ([T, V], from our
-/// engine or another; asked for one window at a time): the mean KL(reference ‖ model) per position, top-1 agreement with the
-/// reference, and perplexity.
+/// engine or another; asked for one window at a time): the mean KL(reference ‖ model) per
+/// position, top-1 agreement with the reference, and perplexity.
 pub fn score(
     ref_lp: &[Vec<f32>],
     ws: &[Vec<u32>],
@@ -171,33 +171,30 @@ pub fn score(
     Ok((kl / n as f64, top1 as f64 / n as f64, (q_nll / ws.len() as f64).exp()))
 }
 
-/// [`score`] of each quantized model in our engine (activations quantized as llama.cpp does)
-/// against the reference (f32 activations). Returns the reference's perplexity and one
-/// [`Judged`] per model, in order.
-pub fn judge(reference: &Path, models: &[PathBuf], ws: &[Vec<u32>], threads: usize) -> Result<(f64, Vec<Judged>)> {
-    let (v, ref_lp) = reference_logprobs(reference, ws, threads)?;
-    let mut rows = Vec::new();
-    for path in models {
-        let m = crate::native::load(path, threads, false)?;
-        if m.vocab_size() != v {
-            bail!("{}: vocabulary {} differs from the reference's {v}", path.display(), m.vocab_size());
-        }
-        let logits = |i: usize| Ok(m.forward(&ws[i], &mut m.new_state(), Logits::All)?);
-        let (kl, top1, ppl) = score(&ref_lp, ws, v, logits)?;
-        let mib = std::fs::metadata(path).map_or(0.0, |m| m.len() as f64 / (1 << 20) as f64);
-        rows.push(Judged { model: path.clone(), mib, kl, top1, ppl });
+/// [`score`] of the quantized model at `path` in our engine (activations quantized as llama.cpp
+/// does) against the reference's log-probabilities `ref_lp` over the windows `ws`.
+pub fn judge_model(path: &Path, ref_lp: &[Vec<f32>], ws: &[Vec<u32>], v: usize, threads: usize) -> Result<Judged> {
+    let m = crate::native::load(path, threads, false)?;
+    if m.vocab_size() != v {
+        bail!("{}: vocabulary {} differs from the reference's {v}", path.display(), m.vocab_size());
     }
-    Ok((reference_ppl(&ref_lp, ws, v), rows))
+    let (kl, top1, ppl) = score(ref_lp, ws, v, |i| Ok(m.forward(&ws[i], &mut m.new_state(), Logits::All)?))?;
+    let mib = std::fs::metadata(path).map_or(0.0, |m| m.len() as f64 / (1 << 20) as f64);
+    Ok(Judged { model: path.to_path_buf(), mib, kl, top1, ppl })
 }
 
 pub fn quant_eval(a: &QuantEvalArgs) -> Result<()> {
     let ds = k3_data::dataset::Dataset::open(&a.data).with_context(|| format!("--data {}", a.data.display()))?;
-    let ws = {
+    // The reference's log-probabilities once, then each model against them.
+    let (ws, v, ref_lp) = {
         let reference = crate::native::load(&a.reference, a.threads, true)?;
         check_vocab(&reference, &ds, &a.reference)?;
-        windows(&ds.val, a.windows, a.context.min(reference.n_ctx))
+        let ws = windows(&ds.val, a.windows, a.context.min(reference.n_ctx));
+        let ref_lp = reference_logprobs(&reference, &a.reference, &ws)?;
+        (ws, reference.vocab_size(), ref_lp)
     };
-    let (ref_ppl, rows) = judge(&a.reference, &a.models, &ws, a.threads)?;
+    let ref_ppl = reference_ppl(&ref_lp, &ws, v);
+    let rows = a.models.iter().map(|m| judge_model(m, &ref_lp, &ws, v, a.threads)).collect::<Result<Vec<_>>>()?;
     println!(
         "reference  {}: ppl {:.3} ({} windows x {} tokens, val split)",
         a.reference.display(),

@@ -145,36 +145,13 @@ impl Matrix {
         if let (Some(p), false) = (&self.packed, cx.exact) {
             return self.matmul_packed(p, x, t, y, cx.threads);
         }
-        let quantized_acts = !cx.exact && self.ty != GgmlType::F32;
-        let xq: Vec<Vec<u8>> = if quantized_acts {
-            (0..t).map(|r| self.ty.quantize_activation(&x[r * cols..(r + 1) * cols])).collect()
-        } else {
-            Vec::new()
-        };
+        let xq = self.row_dot_acts(x, t, cx.exact);
         let work = rows * cols * t;
         let threads = if work < 1 << 16 { 1 } else { cx.threads.max(1) };
         // Work split over output rows; each worker fills a band [rows_lo..hi, T] then it is scattered.
         let parts = par_chunks(rows, threads, |lo, hi| {
             let mut band = vec![0f32; (hi - lo) * t];
-            let mut w = vec![0f32; cols];
-            for o in lo..hi {
-                if quantized_acts && self.packed.is_none() {
-                    let wr = self.row_raw(o);
-                    for (r, xr) in xq.iter().enumerate() {
-                        band[(o - lo) * t + r] = self.ty.vec_dot(wr, xr);
-                    }
-                    continue;
-                }
-                let wr: &[f32] = if self.ty == GgmlType::F32 && self.packed.is_none() {
-                    bytemuck_f32(self.row_raw(o), &mut w)
-                } else {
-                    self.row_into(o, &mut w);
-                    &w
-                };
-                for r in 0..t {
-                    band[(o - lo) * t + r] = k3_kernels::ops::dot(&x[r * cols..(r + 1) * cols], wr);
-                }
-            }
+            self.row_dots(lo, hi, x, t, &xq, |o, r, v| band[(o - lo) * t + r] = v);
             band
         });
         for (lo, hi, band) in parts {
@@ -212,19 +189,39 @@ impl Matrix {
             unsafe { gemm_rows_out(Isa::best(), p, &acts, lo, hi, OutMat::token_major(y.as_mut_ptr(), 0, n)) };
             return;
         }
-        // As `matmul` does on one thread: integer block dots against activations quantized to
-        // the weight's vec_dot type, or f32 dots against dequantized rows (`exact`, f32).
-        let quantized = !cx.exact && self.ty != GgmlType::F32 && self.packed.is_none();
-        let xq: Vec<Vec<u8>> = if quantized {
-            x.chunks_exact(cols).map(|xr| self.ty.quantize_activation(xr)).collect()
-        } else {
-            Vec::new()
-        };
+        // As `matmul` does on one thread.
+        let xq = self.row_dot_acts(x, t, cx.exact);
+        self.row_dots(lo, hi, x, t, &xq, |o, r, v| y[r * n + o - lo] = v);
+    }
+
+    /// The activations of the row-dot path ([`Self::row_dots`]): each token's row quantized to
+    /// the weight's vec_dot type, as llama.cpp does, or none (`exact`, f32 or packed weights:
+    /// f32 dots against dequantized rows).
+    fn row_dot_acts(&self, x: &[f32], t: usize, exact: bool) -> Vec<Vec<u8>> {
+        if exact || self.ty == GgmlType::F32 || self.packed.is_some() {
+            return Vec::new();
+        }
+        x.chunks_exact(self.cols).take(t).map(|xr| self.ty.quantize_activation(xr)).collect()
+    }
+
+    /// Rows `lo..hi` of `W · x` by row dots, without tiles: integer block dots against `xq`
+    /// (from [`Self::row_dot_acts`]) or, when it is empty, f32 dots against the dequantized rows;
+    /// `put(o, r, value)` receives output row o of token r.
+    fn row_dots(
+        &self,
+        lo: usize,
+        hi: usize,
+        x: &[f32],
+        t: usize,
+        xq: &[Vec<u8>],
+        mut put: impl FnMut(usize, usize, f32),
+    ) {
+        let cols = self.cols;
         let mut w = vec![0f32; cols];
         for o in lo..hi {
-            if quantized {
+            if !xq.is_empty() {
                 for (r, xr) in xq.iter().enumerate() {
-                    y[r * n + o - lo] = self.ty.vec_dot(self.row_raw(o), xr);
+                    put(o, r, self.ty.vec_dot(self.row_raw(o), xr));
                 }
                 continue;
             }
@@ -235,7 +232,7 @@ impl Matrix {
                 &w
             };
             for r in 0..t {
-                y[r * n + o - lo] = k3_kernels::ops::dot(&x[r * cols..(r + 1) * cols], wr);
+                put(o, r, k3_kernels::ops::dot(&x[r * cols..(r + 1) * cols], wr));
             }
         }
     }
