@@ -400,6 +400,21 @@ impl Packed {
         }
     }
 
+    /// The memory rows lo..hi read, as `(address, bytes)` of their codes, scales and second
+    /// scales (each array holds its rows in order, a row tile at a time), for a prefetch hint.
+    pub fn row_spans(&self, lo: usize, hi: usize) -> [(usize, usize); 3] {
+        let padded = self.rows.next_multiple_of(self.row_align()).max(1);
+        let span = |base: usize, len: usize| {
+            let (a, b) = (len * lo.min(padded) / padded, len * hi.min(padded) / padded);
+            (base + a, b - a)
+        };
+        [
+            span(self.qs.as_ptr() as usize, self.qs.len()),
+            span(self.d.as_ptr() as usize, 2 * self.d.len()),
+            span(self.m.as_ptr() as usize, 2 * self.m.len()),
+        ]
+    }
+
     /// Bytes of codes (and high-bit planes) per row.
     pub(crate) fn row_qs(&self) -> usize {
         if self.kind.byte_codes() {

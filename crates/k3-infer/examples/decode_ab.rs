@@ -1,0 +1,70 @@
+//! In-process A/B of decode variants: one model, one sequence, decoded in blocks of BLOCK
+//! tokens with the variant switched between blocks and the order rotated every round, so that
+//! the host's drift (minutes long here) hits every variant alike. The variants are budgets of
+//! the idle-time prefetch (`k3_kernels::threads::set_idle_prefetch_bytes`, in KiB; 0 is off).
+//! Prints each variant's median block speed and its median per-round speed ratio to the first.
+//!
+//!   cargo run --release -p k3-infer --example decode_ab MODEL [THREADS] [BLOCK] [ROUNDS] [KIBS]
+//!
+//! KIBS: comma-separated budgets, the first the baseline (default 0,256). Earlier experiments
+//! (scripts/experiments/decode-barriers) switched patched-in variants the same way.
+use std::path::PathBuf;
+use std::time::Instant;
+
+use k3_infer::linear::Compute;
+use k3_infer::{Logits, Model};
+
+fn main() {
+    k3_infer::keep_freed_buffers();
+    let mut args = std::env::args().skip(1);
+    let Some(path) = args.next().map(PathBuf::from) else {
+        eprintln!("usage: decode_ab MODEL [THREADS] [BLOCK] [ROUNDS] [MODES]");
+        std::process::exit(2);
+    };
+    let mut num = |d: usize| args.next().and_then(|s| s.parse().ok()).unwrap_or(d);
+    let (threads, block, rounds) = (num(2), num(16), num(30));
+    let modes: Vec<usize> =
+        std::env::args().nth(5).unwrap_or_else(|| "0,256".into()).split(',').filter_map(|m| m.parse().ok()).collect();
+    let (mut model, _) = Model::load(&path).unwrap_or_else(|e| {
+        eprintln!("decode_ab: cannot load {}: {e:#}", path.display());
+        std::process::exit(1)
+    });
+    model.compute = Compute { threads, exact: false };
+    let ids = k3_infer::bench_ids(1 + (rounds + 1) * modes.len() * block, model.vocab_size());
+    let mut st = model.new_state();
+    let mut next = ids.iter().copied();
+    let mut step = |n: usize| {
+        let t0 = Instant::now();
+        for _ in 0..n {
+            let id = next.next().expect("enough ids");
+            model.forward(&[id], &mut st, Logits::Last).expect("decode step");
+        }
+        t0.elapsed().as_secs_f64()
+    };
+    step(1);
+    let mut secs = vec![Vec::new(); modes.len()];
+    for r in 0..=rounds {
+        for k in 0..modes.len() {
+            let v = (k + r) % modes.len();
+            k3_kernels::threads::set_idle_prefetch_bytes(modes[v] * 1024);
+            let s = step(block);
+            if r > 0 {
+                secs[v].push(s);
+            }
+        }
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    for (v, m) in modes.iter().enumerate() {
+        let ratios: Vec<f64> = secs[0].iter().zip(&secs[v]).map(|(a, b)| a / b).collect();
+        let faster = ratios.iter().filter(|&&x| x > 1.0).count();
+        println!(
+            "{m} KiB: {:.1} tok/s (median block), speed vs {} KiB: {:.3} (faster in {faster} of {rounds} rounds)",
+            block as f64 / median(secs[v].clone()),
+            modes[0],
+            median(ratios)
+        );
+    }
+}
