@@ -264,8 +264,16 @@ pub fn parse_ids(s: &str) -> Result<Vec<i64>> {
     Ok(ids)
 }
 
+/// Small blocks freed and taken again within a decode step stay with their thread
+/// (k3_infer::alloc; `K3MINI_ALLOC_CACHE=0` hands each back to glibc at once).
+#[global_allocator]
+static ALLOC: k3_infer::alloc::ThreadCache = k3_infer::alloc::ThreadCache;
+
 fn main() {
     k3_infer::keep_freed_buffers();
+    if std::env::var("K3MINI_ALLOC_CACHE").is_ok_and(|v| v.trim() == "0") {
+        k3_infer::alloc::set_enabled(false);
+    }
     if let Err(e) = run() {
         eprintln!("error: {e:#}");
         std::process::exit(1);

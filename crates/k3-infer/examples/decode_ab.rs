@@ -1,30 +1,38 @@
 //! In-process A/B of decode variants: one model, one sequence, decoded in blocks of BLOCK
 //! tokens with the variant switched between blocks and the order rotated every round, so that
-//! the host's drift (minutes long here) hits every variant alike. The variants are budgets of
-//! the idle-time prefetch (`k3_kernels::threads::set_idle_prefetch_bytes`, in KiB; 0 is off).
-//! Prints each variant's median block speed and its median per-round speed ratio to the first.
+//! the host's drift (minutes long here) hits every variant alike. A variant is `KIB` or `KIB/0`:
+//! the budget of the idle-time prefetch (`k3_kernels::threads::set_idle_prefetch_bytes`, in KiB;
+//! 0 is off), and with `/0` the allocator's per-thread cache off (`k3_infer::alloc`). Prints each
+//! variant's median block speed and its median per-round speed ratio to the first.
 //!
-//!   cargo run --release -p k3-infer --example decode_ab MODEL [THREADS] [BLOCK] [ROUNDS] [KIBS]
+//!   cargo run --release -p k3-infer --example decode_ab MODEL [THREADS] [BLOCK] [ROUNDS] [VARIANTS]
 //!
-//! KIBS: comma-separated budgets, the first the baseline (default 0,256). Earlier experiments
-//! (scripts/experiments/decode-barriers) switched patched-in variants the same way.
+//! VARIANTS: comma-separated, the first the baseline (default `0/0,256/0,0,256`). Earlier
+//! experiments (scripts/experiments/decode-barriers) switched patched-in variants the same way.
 use std::path::PathBuf;
 use std::time::Instant;
 
 use k3_infer::linear::Compute;
 use k3_infer::{Logits, Model};
 
+#[global_allocator]
+static ALLOC: k3_infer::alloc::ThreadCache = k3_infer::alloc::ThreadCache;
+
 fn main() {
     k3_infer::keep_freed_buffers();
     let mut args = std::env::args().skip(1);
     let Some(path) = args.next().map(PathBuf::from) else {
-        eprintln!("usage: decode_ab MODEL [THREADS] [BLOCK] [ROUNDS] [MODES]");
+        eprintln!("usage: decode_ab MODEL [THREADS] [BLOCK] [ROUNDS] [VARIANTS]");
         std::process::exit(2);
     };
     let mut num = |d: usize| args.next().and_then(|s| s.parse().ok()).unwrap_or(d);
     let (threads, block, rounds) = (num(2), num(16), num(30));
-    let modes: Vec<usize> =
-        std::env::args().nth(5).unwrap_or_else(|| "0,256".into()).split(',').filter_map(|m| m.parse().ok()).collect();
+    let modes: Vec<String> =
+        std::env::args().nth(5).unwrap_or_else(|| "0/0,256/0,0,256".into()).split(',').map(str::to_string).collect();
+    let variant = |m: &str| {
+        let (kib, cache) = m.split_once('/').unwrap_or((m, "1"));
+        (kib.parse::<usize>().expect("a budget in KiB"), cache != "0")
+    };
     let (mut model, _) = Model::load(&path).unwrap_or_else(|e| {
         eprintln!("decode_ab: cannot load {}: {e:#}", path.display());
         std::process::exit(1)
@@ -46,7 +54,9 @@ fn main() {
     for r in 0..=rounds {
         for k in 0..modes.len() {
             let v = (k + r) % modes.len();
-            k3_kernels::threads::set_idle_prefetch_bytes(modes[v] * 1024);
+            let (kib, cache) = variant(&modes[v]);
+            k3_kernels::threads::set_idle_prefetch_bytes(kib * 1024);
+            k3_infer::alloc::set_enabled(cache);
             let s = step(block);
             if r > 0 {
                 secs[v].push(s);
@@ -61,7 +71,7 @@ fn main() {
         let ratios: Vec<f64> = secs[0].iter().zip(&secs[v]).map(|(a, b)| a / b).collect();
         let faster = ratios.iter().filter(|&&x| x > 1.0).count();
         println!(
-            "{m} KiB: {:.1} tok/s (median block), speed vs {} KiB: {:.3} (faster in {faster} of {rounds} rounds)",
+            "{m}: {:.1} tok/s (median block), speed vs {}: {:.3} (faster in {faster} of {rounds} rounds)",
             block as f64 / median(secs[v].clone()),
             modes[0],
             median(ratios)

@@ -8,6 +8,7 @@
 //! One file per component, mirroring k3-train: [`kda`], [`mla`], [`ffn`], [`moe`], [`kimi`]
 //! (the stack and AttnRes), [`llama`]; weights live in [`linear::Matrix`] in any ggml type.
 
+pub mod alloc;
 pub mod calib;
 pub mod engine;
 pub mod ffn;
@@ -44,6 +45,11 @@ pub enum Error {
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// The unit tests run on the decode allocator too, so every test exercises it.
+#[cfg(test)]
+#[global_allocator]
+static TEST_ALLOC: alloc::ThreadCache = alloc::ThreadCache;
 
 /// The engine allocates its [T, C] activation buffers per layer. glibc serves blocks above its
 /// mmap threshold (128 KiB at first) with fresh mappings, so every prefill layer paid page faults
