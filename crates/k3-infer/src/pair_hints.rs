@@ -34,21 +34,41 @@ thread_local! {
     static TRACE: RefCell<Trace> = RefCell::new(Trace::default());
 }
 
-/// The spans of a part to prefetch: each matrix's scales (and second scales) for the rows it
-/// takes, then its codes, until `budget` bytes of codes.
+/// Bytes of codes a prefetch takes from one stream before the next stream's turn.
+const PIECE: usize = 4 << 10;
+
+/// The spans of a part to prefetch, until `budget` bytes of codes: each matrix's rows in the
+/// order the one-token kernel walks them (`Packed::decode_spans`: on AVX-512 two runs of row
+/// groups side by side), [`PIECE`] bytes of each run's codes in turn, each piece after its rows'
+/// scales (and second scales). A prefetch of the first run alone would leave the kernel
+/// waiting on the second from its first block.
 pub fn part_spans(part: &Part, budget: usize) -> Spans {
-    let mut out = Vec::with_capacity(3 * part.len());
+    let mut out = Vec::new();
     let mut left = budget;
     for &(p, lo, hi) in part {
-        if left == 0 {
-            break;
+        let streams = p.decode_spans(lo, hi);
+        let mut off = 0;
+        while left > 0 {
+            let mut more = false;
+            for &[qs, d, m] in &streams {
+                if off >= qs.1 || left == 0 {
+                    continue;
+                }
+                let take = PIECE.min(qs.1 - off).min(left);
+                // The scales of the rows of codes off..off + take (rows are in the same order).
+                let scaled = |s: (usize, usize)| {
+                    let (a, b) = (s.1 * off / qs.1, s.1 * (off + take) / qs.1);
+                    (s.0 + a, b - a)
+                };
+                out.extend([scaled(d), scaled(m), (qs.0 + off, take)].into_iter().filter(|s| s.1 > 0));
+                left -= take;
+                more = true;
+            }
+            if !more {
+                break;
+            }
+            off += PIECE;
         }
-        let [qs, d, m] = p.row_spans(lo, hi);
-        let take = qs.1.min(left);
-        // The scales of the rows whose codes are taken (rows are in the same order in each).
-        let scaled = |s: (usize, usize)| (s.0, (s.1 * take).checked_div(qs.1).unwrap_or(0));
-        out.extend([scaled(d), scaled(m), (qs.0, take)].into_iter().filter(|s| s.1 > 0));
-        left -= take;
     }
     out
 }
@@ -86,23 +106,52 @@ mod tests {
         Packed::pack(GgmlType::Q4_0, rows, cols, &q).expect("Q4_0 packs")
     }
 
-    /// Spans lie inside the matrix's arrays, cover its rows in order, and stop at the budget.
+    /// Byte ranges merged where they touch, in address order.
+    fn merged(mut v: Vec<(usize, usize)>) -> Vec<(usize, usize)> {
+        v.retain(|s| s.1 > 0);
+        v.sort();
+        let mut out: Vec<(usize, usize)> = Vec::new();
+        for (a, n) in v {
+            match out.last_mut() {
+                Some(last) if last.0 + last.1 == a => last.1 += n,
+                _ => out.push((a, n)),
+            }
+        }
+        out
+    }
+
+    /// Spans cover exactly the rows' codes and scales, in the kernel's streams taken in turn,
+    /// and stop at the budget.
     #[test]
-    fn part_spans_cover_the_rows_within_the_budget() {
-        let p = packed(64, 256, 1);
-        let (qs, d) = (p.qs.as_ptr() as usize, p.d.as_ptr() as usize);
-        let (nq, nd) = (p.qs.len(), 2 * p.d.len());
-        // All rows, no limit: the whole of the scales and codes.
-        assert_eq!(part_spans(&[(&p, 0, 64)], usize::MAX), vec![(d, nd), (qs, nq)]);
-        // The second half of the rows: the second half of each array.
-        assert_eq!(part_spans(&[(&p, 32, 64)], usize::MAX), vec![(d + nd / 2, nd / 2), (qs + nq / 2, nq / 2)]);
-        // A budget of a quarter of the codes: the first quarter of each, from the rows' start.
-        assert_eq!(part_spans(&[(&p, 0, 64)], nq / 4), vec![(d, nd / 4), (qs, nq / 4)]);
+    fn part_spans_cover_the_rows_in_stream_order_within_the_budget() {
+        let p = packed(256, 1024, 1);
+        for (lo, hi) in [(0, 256), (64, 256), (0, 16), (48, 208)] {
+            let [qs, d, _] = p.row_spans(lo, hi);
+            let all = part_spans(&[(&p, lo, hi)], usize::MAX);
+            assert_eq!(merged(all.clone()), merged(vec![qs, d]), "rows {lo}..{hi}");
+            // Each stream's first piece comes before any stream's second.
+            let streams = p.decode_spans(lo, hi);
+            let codes: Vec<usize> = all.iter().filter(|s| s.0 >= qs.0 && s.0 < qs.0 + qs.1).map(|s| s.0).collect();
+            let firsts: Vec<usize> = streams.iter().map(|s| s[0].0).collect();
+            assert_eq!(codes[..firsts.len()], firsts[..], "rows {lo}..{hi}");
+            // A budget: that many bytes of codes, and the scales of just those rows.
+            for budget in [1000, 4096, 10_000, qs.1 / 2] {
+                let some = part_spans(&[(&p, lo, hi)], budget);
+                let code_bytes: usize = some.iter().filter(|s| s.0 >= qs.0 && s.0 < qs.0 + qs.1).map(|s| s.1).sum();
+                assert_eq!(code_bytes, budget.min(qs.1), "rows {lo}..{hi}, budget {budget}");
+                let scale_bytes: usize = some.iter().filter(|s| s.0 >= d.0 && s.0 < d.0 + d.1).map(|s| s.1).sum();
+                assert!(
+                    scale_bytes.abs_diff(d.1 * code_bytes / qs.1) <= streams.len() * 2 * some.len(),
+                    "{scale_bytes}"
+                );
+            }
+        }
         // Two matrices: the budget runs over into the second, then stops.
         let p2 = packed(32, 256, 2);
-        let spans = part_spans(&[(&p, 0, 64), (&p2, 0, 32)], nq + p2.qs.len() / 2);
-        assert_eq!(spans[2..], [(p2.d.as_ptr() as usize, p2.d.len()), (p2.qs.as_ptr() as usize, p2.qs.len() / 2)]);
-        assert!(part_spans(&[(&p, 0, 64)], 0).is_empty());
+        let spans = part_spans(&[(&p, 0, 16), (&p2, 0, 32)], p.row_spans(0, 16)[0].1 + 100);
+        let q2 = p2.qs.as_ptr() as usize;
+        assert_eq!(spans.iter().filter(|s| s.0 >= q2 && s.0 < q2 + p2.qs.len()).map(|s| s.1).sum::<usize>(), 100);
+        assert!(part_spans(&[(&p, 0, 256)], 0).is_empty());
     }
 
     /// The hint for a job is the parts of the job that followed it last time.

@@ -415,6 +415,25 @@ impl Packed {
         ]
     }
 
+    /// [`Packed::row_spans`] of rows lo..hi cut as a one-token product walks them: on AVX-512
+    /// over the 16-row layout, two runs of consecutive row groups side by side (then the groups
+    /// left over), else one run. A prefetch that follows this order warms each stream's start.
+    pub fn decode_spans(&self, lo: usize, hi: usize) -> Vec<[(usize, usize); 3]> {
+        let streams =
+            if self.layout == Layout::Rows16 && Isa::best() >= Isa::Avx512 { rows16::DECODE_STREAMS } else { 1 };
+        let align = self.row_align();
+        let groups = (hi.saturating_sub(lo)).div_ceil(align);
+        if streams == 1 || groups < streams {
+            return vec![self.row_spans(lo, hi)];
+        }
+        let run = groups / streams * align;
+        let mut out: Vec<_> = (0..streams).map(|k| self.row_spans(lo + k * run, lo + (k + 1) * run)).collect();
+        if lo + streams * run < hi {
+            out.push(self.row_spans(lo + streams * run, hi));
+        }
+        out
+    }
+
     /// Bytes of codes (and high-bit planes) per row.
     pub(crate) fn row_qs(&self) -> usize {
         if self.kind.byte_codes() {
