@@ -1,14 +1,14 @@
 //! In-process A/B of decode variants: one model, one sequence, decoded in blocks of BLOCK
 //! tokens with the variant switched between blocks and the order rotated every round, so that
-//! the host's drift (minutes long here) hits every variant alike. A variant is `KIB` or `KIB/0`:
-//! the budget of the idle-time prefetch (`k3_kernels::threads::set_idle_prefetch_bytes`, in KiB;
-//! 0 is off), and with `/0` the allocator's per-thread cache off (`k3_infer::alloc`). Prints each
-//! variant's median block speed and its median per-round speed ratio to the first.
+//! the host's drift (minutes long here) hits every variant alike. The variants built in are the
+//! allocator's per-thread cache off (`0`) and on (`1`, `k3_infer::alloc`); an experiment that
+//! switches something else at run time adds its own (scripts/experiments/decode-barriers has
+//! patches that did). Prints each variant's median block speed and its median per-round speed
+//! ratio to the first.
 //!
 //!   cargo run --release -p k3-infer --example decode_ab MODEL [THREADS] [BLOCK] [ROUNDS] [VARIANTS]
 //!
-//! VARIANTS: comma-separated, the first the baseline (default `0/0,256/0,0,256`). Earlier
-//! experiments (scripts/experiments/decode-barriers) switched patched-in variants the same way.
+//! VARIANTS: comma-separated, the first the baseline (default `0,1`).
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -28,11 +28,11 @@ fn main() {
     let mut num = |d: usize| args.next().and_then(|s| s.parse().ok()).unwrap_or(d);
     let (threads, block, rounds) = (num(2), num(16), num(30));
     let modes: Vec<String> =
-        std::env::args().nth(5).unwrap_or_else(|| "0/0,256/0,0,256".into()).split(',').map(str::to_string).collect();
-    let variant = |m: &str| {
-        let (kib, cache) = m.split_once('/').unwrap_or((m, "1"));
-        (kib.parse::<usize>().expect("a budget in KiB"), cache != "0")
-    };
+        std::env::args().nth(5).unwrap_or_else(|| "0,1".into()).split(',').map(str::to_string).collect();
+    if let Some(bad) = modes.iter().find(|m| !matches!(m.as_str(), "0" | "1")) {
+        eprintln!("decode_ab: unknown variant {bad:?} (0: the allocator's cache off, 1: on)");
+        std::process::exit(2);
+    }
     let (mut model, _) = Model::load(&path).unwrap_or_else(|e| {
         eprintln!("decode_ab: cannot load {}: {e:#}", path.display());
         std::process::exit(1)
@@ -54,9 +54,7 @@ fn main() {
     for r in 0..=rounds {
         for k in 0..modes.len() {
             let v = (k + r) % modes.len();
-            let (kib, cache) = variant(&modes[v]);
-            k3_kernels::threads::set_idle_prefetch_bytes(kib * 1024);
-            k3_infer::alloc::set_enabled(cache);
+            k3_infer::alloc::set_enabled(modes[v] == "1");
             let s = step(block);
             if r > 0 {
                 secs[v].push(s);

@@ -115,10 +115,7 @@ impl Mlp {
             quantize_row(gb, q, dq, sq, s16q, hsq);
         };
         if n == 2 {
-            let caller = [(gp, 0, cut * BLOCK), (upp, 0, cut * BLOCK)];
-            let worker = [(gp, cut * BLOCK, f), (upp, cut * BLOCK, f)];
-            let (mine, after) = crate::pair_hints::next_parts(gp, &caller, &worker);
-            Pool::global().run_pair_then(&DECODE_PAIR, cut as f32 / nb as f32, &task, after, &mine);
+            Pool::global().run_pair(&DECODE_PAIR, cut as f32 / nb as f32, &task);
         } else {
             Pool::global().run(threads, n, &task);
         }

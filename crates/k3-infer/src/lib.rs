@@ -21,7 +21,6 @@ pub mod llama;
 pub mod mla;
 pub mod model;
 pub mod moe;
-pub mod pair_hints;
 pub mod routing;
 pub mod sampler;
 pub mod source;

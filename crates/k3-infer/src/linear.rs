@@ -426,11 +426,7 @@ unsafe fn packed_products_into(jobs: &mut [(&Packed, &QActs, *mut f32)], threads
     let pool = crate::threads::Pool::global();
     if pair && tasks.len() == 2 {
         let (w0, w1) = (task_work(&shapes, &tasks[0]), task_work(&shapes, &tasks[1]));
-        let part = |i: usize| -> Vec<(&Packed, usize, usize)> {
-            tasks[i].iter().map(|&(j, lo, hi)| (jobs[j].0, lo, hi)).collect()
-        };
-        let (mine, after) = crate::pair_hints::next_parts(jobs[0].0, &part(0), &part(1));
-        pool.run_pair_then(&DECODE_PAIR, w0 as f32 / (w0 + w1) as f32, &task, after, &mine);
+        pool.run_pair(&DECODE_PAIR, w0 as f32 / (w0 + w1) as f32, &task);
     } else {
         pool.run(threads, tasks.len(), &task);
     }

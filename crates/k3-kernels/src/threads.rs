@@ -27,9 +27,6 @@ struct Job {
     /// Workers inside `work` for this job.
     active: AtomicUsize,
     panicked: AtomicBool,
-    /// `(address, bytes)` a worker prefetches into its L2 once its tasks are done, until the
-    /// next job is published (the next pair job's weights, [`Pool::run_pair_then`]).
-    after: Vec<(usize, usize)>,
 }
 
 struct Shared {
@@ -100,52 +97,8 @@ fn worker(sh: &'static Shared, index: usize) {
         if let Some(j) = job {
             work(&j);
             j.active.fetch_sub(1, Ordering::AcqRel);
-            prefetch_until(&j.after, || sh.generation.load(Ordering::Relaxed) != seen);
         }
     }
-}
-
-/// Bytes of codes of the next pair job's part each side prefetches while idle
-/// ([`Pool::run_pair_then`]); `usize::MAX` until first read.
-static IDLE_PREFETCH: AtomicUsize = AtomicUsize::new(usize::MAX);
-
-/// How many bytes of the next pair job's weights each side prefetches while idle: 256 KiB
-/// (inside a 1 MiB L2), or `K3MINI_IDLE_PREFETCH` KiB (0: none, for measuring what it is worth).
-pub fn idle_prefetch_bytes() -> usize {
-    let b = IDLE_PREFETCH.load(Ordering::Relaxed);
-    if b != usize::MAX {
-        return b;
-    }
-    let kib = std::env::var("K3MINI_IDLE_PREFETCH").ok().and_then(|v| v.trim().parse::<usize>().ok()).unwrap_or(256);
-    let b = kib.saturating_mul(1024).min(usize::MAX - 1);
-    IDLE_PREFETCH.store(b, Ordering::Relaxed);
-    b
-}
-
-/// Set [`idle_prefetch_bytes`] for the rest of the process (in-process A/B measurements).
-pub fn set_idle_prefetch_bytes(bytes: usize) {
-    IDLE_PREFETCH.store(bytes.min(usize::MAX - 1), Ordering::Relaxed);
-}
-
-/// Prefetch `spans` (address, bytes) into L2, 512 bytes between checks of `stop()`, until they
-/// end or it says stop.
-fn prefetch_until(spans: &[(usize, usize)], stop: impl Fn() -> bool) {
-    #[cfg(target_arch = "x86_64")]
-    for &(addr, len) in spans {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-        let mut off = 0;
-        while off < len {
-            if stop() {
-                return;
-            }
-            for line in (off..(off + 512).min(len)).step_by(64) {
-                // SAFETY: a prefetch never faults, whatever the address.
-                unsafe { _mm_prefetch::<_MM_HINT_T1>((addr + line) as *const i8) };
-            }
-            off += 512;
-        }
-    }
-    let _ = (spans, stop);
 }
 
 impl Pool {
@@ -176,19 +129,6 @@ impl Pool {
 
     /// Run `f(0..n)` on the caller plus up to `threads − 1` workers; returns when all are done.
     pub fn run(&self, threads: usize, n: usize, f: &(dyn Fn(usize) + Sync)) {
-        self.run_then(threads, n, f, Vec::new(), &[]);
-    }
-
-    /// [`Pool::run`], with the workers prefetching `after` once their tasks are done, until the
-    /// next job is published, and the caller prefetching `mine` while it waits for them.
-    fn run_then(
-        &self,
-        threads: usize,
-        n: usize,
-        f: &(dyn Fn(usize) + Sync),
-        after: Vec<(usize, usize)>,
-        mine: &[(usize, usize)],
-    ) {
         let helpers = threads.saturating_sub(1).min(self.workers).min(n.saturating_sub(1));
         if helpers == 0 {
             (0..n).for_each(f);
@@ -207,7 +147,6 @@ impl Pool {
             remaining: AtomicUsize::new(n),
             active: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
-            after,
         });
         // Publish under the lock, wake after it: a spinning worker that sees the new generation
         // then finds the lock free instead of sleeping on it behind the wake-up syscall.
@@ -221,7 +160,6 @@ impl Pool {
             sh.wake.notify_all();
         }
         work(&job);
-        prefetch_until(mine, || job.remaining.load(Ordering::Acquire) == 0);
         while job.remaining.load(Ordering::Acquire) > 0 {
             std::hint::spin_loop();
         }
@@ -333,38 +271,14 @@ impl Pool {
     /// first has to see the job). A pair in which a worker ran task 0, or the caller both (no
     /// worker, or one that came late), teaches nothing.
     pub fn run_pair(&self, bal: &PairBalance, share: f32, f: &(dyn Fn(usize) + Sync)) {
-        self.run_pair_then(bal, share, f, Vec::new(), &[]);
-    }
-
-    /// [`Pool::run_pair`] that also fills the two sides' idle time with the next pair's weights:
-    /// the worker prefetches `after` (its part of the next pair job) into its L2 from the end of
-    /// its task until the next job is published, the caller prefetches `mine` (its own part)
-    /// while it waits for the worker. Between two products of a decode token the caller works
-    /// alone (norms, quantization, the small steps) and memory idles; this gives the next
-    /// product a head start. Addresses are hints: a prefetch never faults, so stale or freed
-    /// ones cost a little bandwidth and nothing else.
-    pub fn run_pair_then(
-        &self,
-        bal: &PairBalance,
-        share: f32,
-        f: &(dyn Fn(usize) + Sync),
-        after: Vec<(usize, usize)>,
-        mine: &[(usize, usize)],
-    ) {
         let t0 = Instant::now();
         let ends = [AtomicU64::new(0), AtomicU64::new(0)];
         let by_worker = [AtomicBool::new(false), AtomicBool::new(false)];
-        self.run_then(
-            2,
-            2,
-            &|i| {
-                f(i);
-                ends[i].store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                by_worker[i].store(ON_WORKER.with(|w| w.get()), Ordering::Relaxed);
-            },
-            after,
-            mine,
-        );
+        self.run(2, 2, &|i| {
+            f(i);
+            ends[i].store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            by_worker[i].store(ON_WORKER.with(|w| w.get()), Ordering::Relaxed);
+        });
         if !by_worker[0].load(Ordering::Relaxed) && by_worker[1].load(Ordering::Relaxed) {
             let end = |i: usize| Duration::from_nanos(ends[i].load(Ordering::Relaxed));
             bal.observe(share, end(0), end(1));
@@ -520,36 +434,6 @@ mod tests {
         } else {
             assert!(Pool::global().workers == 0 || taught > 0, "no pair ran as meant");
         }
-    }
-
-    /// With prefetch spans on both sides (a live buffer, and addresses that are not), a pair
-    /// still runs each task once, and a job published while the worker prefetches runs at once.
-    #[test]
-    fn run_pair_then_runs_both_tasks_once_while_prefetching() {
-        let buf = vec![7u8; 4 << 20];
-        let live = vec![(buf.as_ptr() as usize, buf.len())];
-        let wild = vec![(64usize, 1 << 20), (usize::MAX - (1 << 16), 1 << 12)];
-        let bal = PairBalance::new();
-        for rep in 0..50 {
-            let spans = if rep % 2 == 0 { &live } else { &wild };
-            let hits = [AtomicUsize::new(0), AtomicUsize::new(0)];
-            Pool::global().run_pair_then(
-                &bal,
-                0.5,
-                &|i| {
-                    hits[i].fetch_add(1, Ordering::Relaxed);
-                },
-                spans.clone(),
-                spans,
-            );
-            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
-            let n = AtomicUsize::new(0);
-            Pool::global().run(2, 8, &|_| {
-                n.fetch_add(1, Ordering::Relaxed);
-            });
-            assert_eq!(n.load(Ordering::Relaxed), 8);
-        }
-        assert!(buf.iter().all(|&b| b == 7), "prefetching wrote nothing");
     }
 
     #[test]

@@ -400,40 +400,6 @@ impl Packed {
         }
     }
 
-    /// The memory rows lo..hi read, as `(address, bytes)` of their codes, scales and second
-    /// scales (each array holds its rows in order, a row tile at a time), for a prefetch hint.
-    pub fn row_spans(&self, lo: usize, hi: usize) -> [(usize, usize); 3] {
-        let padded = self.rows.next_multiple_of(self.row_align()).max(1);
-        let span = |base: usize, len: usize| {
-            let (a, b) = (len * lo.min(padded) / padded, len * hi.min(padded) / padded);
-            (base + a, b - a)
-        };
-        [
-            span(self.qs.as_ptr() as usize, self.qs.len()),
-            span(self.d.as_ptr() as usize, 2 * self.d.len()),
-            span(self.m.as_ptr() as usize, 2 * self.m.len()),
-        ]
-    }
-
-    /// [`Packed::row_spans`] of rows lo..hi cut as a one-token product walks them: on AVX-512
-    /// over the 16-row layout, two runs of consecutive row groups side by side (then the groups
-    /// left over), else one run. A prefetch that follows this order warms each stream's start.
-    pub fn decode_spans(&self, lo: usize, hi: usize) -> Vec<[(usize, usize); 3]> {
-        let streams =
-            if self.layout == Layout::Rows16 && Isa::best() >= Isa::Avx512 { rows16::DECODE_STREAMS } else { 1 };
-        let align = self.row_align();
-        let groups = (hi.saturating_sub(lo)).div_ceil(align);
-        if streams == 1 || groups < streams {
-            return vec![self.row_spans(lo, hi)];
-        }
-        let run = groups / streams * align;
-        let mut out: Vec<_> = (0..streams).map(|k| self.row_spans(lo + k * run, lo + (k + 1) * run)).collect();
-        if lo + streams * run < hi {
-            out.push(self.row_spans(lo + streams * run, hi));
-        }
-        out
-    }
-
     /// Bytes of codes (and high-bit planes) per row.
     pub(crate) fn row_qs(&self) -> usize {
         if self.kind.byte_codes() {

@@ -329,11 +329,7 @@ unsafe fn gemm_tokens<const VNNI: bool>(
 /// at 1 thread (one: −4%); SmolLM2 6.8% (2 threads) and 8.0% (1); `tiny` 3.5%; eight streams
 /// were 10% slower (scripts/experiments/decode-phases).
 #[cfg(target_arch = "x86_64")]
-const STREAMS: usize = DECODE_STREAMS;
-
-/// [`STREAMS`], for code outside the kernels that follows their order (the decode prefetch
-/// hints, `Packed::decode_spans`).
-pub const DECODE_STREAMS: usize = 2;
+const STREAMS: usize = 2;
 
 /// [`gemm_avx512bw`]'s arithmetic on 256-bit registers, for CPUs with AVX2 and no AVX-512: each
 /// 64-byte load of a group-block is read as two 32-byte halves (rows 0–7, rows 8–15), each plane
