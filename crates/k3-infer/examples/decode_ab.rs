@@ -1,14 +1,15 @@
 //! In-process A/B of decode variants: one model, one sequence, decoded in blocks of BLOCK
 //! tokens with the variant switched between blocks and the order rotated every round, so that
-//! the host's drift (minutes long here) hits every variant alike. The variants built in are the
-//! allocator's per-thread cache off (`0`) and on (`1`, `k3_infer::alloc`); an experiment that
-//! switches something else at run time adds its own (scripts/experiments/decode-barriers has
-//! patches that did). Prints each variant's median block speed and its median per-round speed
-//! ratio to the first.
+//! the host's drift (minutes long here) hits every variant alike. A variant is `C` or `CL`: C
+//! the allocator's per-thread cache (`k3_infer::alloc`), L the lean hand-off of two-task jobs
+//! (`k3_kernels::threads::set_lean_pairs`; on when not given), each 0 (off) or 1 (on). An
+//! experiment that switches something else at run time adds its own variants
+//! (scripts/experiments/decode-barriers has patches that did). Prints each variant's median
+//! block speed and its median per-round speed ratio to the first.
 //!
 //!   cargo run --release -p k3-infer --example decode_ab MODEL [THREADS] [BLOCK] [ROUNDS] [VARIANTS]
 //!
-//! VARIANTS: comma-separated, the first the baseline (default `0,1`).
+//! VARIANTS: comma-separated, the first the baseline (default `0,1`; `10,11` for the hand-off).
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -29,8 +30,8 @@ fn main() {
     let (threads, block, rounds) = (num(2), num(16), num(30));
     let modes: Vec<String> =
         std::env::args().nth(5).unwrap_or_else(|| "0,1".into()).split(',').map(str::to_string).collect();
-    if let Some(bad) = modes.iter().find(|m| !matches!(m.as_str(), "0" | "1")) {
-        eprintln!("decode_ab: unknown variant {bad:?} (0: the allocator's cache off, 1: on)");
+    if let Some(bad) = modes.iter().find(|m| !matches!(m.as_str(), "0" | "1" | "00" | "01" | "10" | "11")) {
+        eprintln!("decode_ab: unknown variant {bad:?} (C or CL: C the allocator's cache, L the lean pair hand-off, 0 off, 1 on)");
         std::process::exit(2);
     }
     let (mut model, _) = Model::load(&path).unwrap_or_else(|e| {
@@ -54,7 +55,8 @@ fn main() {
     for r in 0..=rounds {
         for k in 0..modes.len() {
             let v = (k + r) % modes.len();
-            k3_infer::alloc::set_enabled(modes[v] == "1");
+            k3_infer::alloc::set_enabled(modes[v].starts_with('1'));
+            k3_kernels::threads::set_lean_pairs(modes[v].len() == 1 || modes[v].ends_with('1'));
             let s = step(block);
             if r > 0 {
                 secs[v].push(s);
