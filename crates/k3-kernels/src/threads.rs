@@ -214,6 +214,12 @@ impl Pool {
             (0..n).for_each(f);
             return;
         }
+        if n == 2 && lean_pairs() {
+            // Two tasks on two threads (a decode step's KDA heads, attention shares): the lean
+            // hand-off of `run_pair`, without its balance.
+            self.run_two(f);
+            return;
+        }
         let _one_job = self.submit.lock().unwrap_or_else(|e| e.into_inner());
         let sh = self.shared;
         // SAFETY: workers call `f` only through this job, which they join under the slot lock
