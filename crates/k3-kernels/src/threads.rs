@@ -4,7 +4,9 @@
 //! so back-to-back matmuls of a decode step do not pay thread start-up or wake-up each time.
 //! A job is `n` tasks `f(0..n)` taken from a shared counter by the caller and up to
 //! `threads − 1` workers; `run` returns when every task is done. Jobs from different callers are
-//! serialised.
+//! serialised. A job of two tasks on two threads (most of a decode step's) skips the job slot:
+//! it is posted to the first worker through one cache line and answered through another
+//! (`PairPost`).
 
 use std::cell::{Cell, UnsafeCell};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -259,11 +261,11 @@ impl Pool {
     }
 }
 
-/// Whether two-task decode jobs take the lean hand-off ([`PairPost`]); `K3MINI_LEAN_PAIR=0`
-/// sends them through the job slot like any job. 2: not read yet.
+/// Whether jobs of two tasks on two threads take the lean hand-off ([`PairPost`]);
+/// `K3MINI_LEAN_PAIR=0` sends them through the job slot like any job. 2: not read yet.
 static LEAN_PAIR: AtomicU32 = AtomicU32::new(2);
 
-/// Whether [`Pool::run_pair`] posts its pairs to the first worker directly.
+/// Whether [`Pool::run_pair`] and two-task [`Pool::run`]s post to the first worker directly.
 pub fn lean_pairs() -> bool {
     match LEAN_PAIR.load(Ordering::Relaxed) {
         2 => {
