@@ -30,8 +30,8 @@ fn main() {
     let (threads, block, rounds) = (num(2), num(16), num(30));
     let modes: Vec<String> =
         std::env::args().nth(5).unwrap_or_else(|| "0,1".into()).split(',').map(str::to_string).collect();
-    if let Some(bad) = modes.iter().find(|m| !matches!(m.as_str(), "0" | "1" | "00" | "01" | "10" | "11")) {
-        eprintln!("decode_ab: unknown variant {bad:?} (C or CL: C the allocator's cache, L the lean pair hand-off, 0 off, 1 on)");
+    if let Some(bad) = modes.iter().find(|m| m.is_empty() || m.len() > 3 || m.chars().any(|c| c != '0' && c != '1')) {
+        eprintln!("decode_ab: unknown variant {bad:?} (C, CL or CLS: C the allocator's cache, L the lean pair hand-off, S each job site's own balance; 0 off, 1 on)");
         std::process::exit(2);
     }
     let (mut model, _) = Model::load(&path).unwrap_or_else(|e| {
@@ -56,7 +56,9 @@ fn main() {
         for k in 0..modes.len() {
             let v = (k + r) % modes.len();
             k3_infer::alloc::set_enabled(modes[v].starts_with('1'));
-            k3_kernels::threads::set_lean_pairs(modes[v].len() == 1 || modes[v].ends_with('1'));
+            let on = |i: usize| modes[v].as_bytes().get(i).is_none_or(|&c| c == b'1');
+            k3_kernels::threads::set_lean_pairs(on(1));
+            k3_kernels::threads::set_site_balance(on(2));
             let s = step(block);
             if r > 0 {
                 secs[v].push(s);

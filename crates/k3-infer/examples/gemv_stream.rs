@@ -24,6 +24,9 @@
 //! LAYERS (default 24) shrinks the set: at 1 (~7 MiB) it stays in cache, which shows whether
 //! the kernel itself, not memory, is the limit.
 //!
+//! `engine jobs-ab` (fourth and fifth arguments) times the activation quantizer and compares, in
+//! one process, the engine's jobs with bare pool jobs and with one job a pass (see `jobs_ab`).
+//!
 //! A fifth argument `evict` reads 1 GiB of other memory before every pass and alternates the
 //! GEMV with the prefetching read (5 of each): on a host whose last-level cache holds a good part
 //! of the set, repeated passes over one buffer otherwise hit that cache, and the read more than
@@ -37,6 +40,9 @@ use k3_kernels::threads::Pool;
 
 /// The fourth argument's `jobs:3,1,2,1[@TASKS]`: the matrices per job (empty: one matvec each)
 /// and tasks per job.
+#[global_allocator]
+static ALLOC: k3_infer::alloc::ThreadCache = k3_infer::alloc::ThreadCache;
+
 fn jobs_arg(threads: usize) -> (Vec<usize>, usize) {
     let arg = std::env::args().nth(4).unwrap_or_default();
     let Some(spec) = arg.strip_prefix("jobs:") else { return (Vec::new(), threads) };
@@ -160,6 +166,10 @@ fn main() {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
+    if std::env::args().nth(5).as_deref() == Some("jobs-ab") {
+        jobs_ab(&mats, &x, bytes, threads);
+        return;
+    }
     if std::env::args().nth(5).as_deref() == Some("evict") {
         let other: Vec<u64> = (0..(1u64 << 27)).collect();
         let evict = || std::hint::black_box(k3_kernels::simd::xor_fold(&other));
@@ -191,4 +201,93 @@ fn main() {
         100.0 * gemv / plain,
         100.0 * gemv / wide
     );
+}
+
+/// `engine jobs-ab`: what the pool jobs of a decode-shaped pass cost, in one process. Times the
+/// activation quantizer alone, then alternates (21 rounds, the order rotated) four ways of
+/// running the same products: the engine's jobs (`apply_many` / `apply`, four a layer, each
+/// quantizing its input first), the same four jobs a layer with the inputs quantized once
+/// before the pass and then with one quantization before each job (each task half of every
+/// matrix of its job), and one job for the whole pass (each thread half of every matrix, no
+/// barrier between them). Prints each one's median GB/s and median ratio to the engine's.
+fn jobs_ab(mats: &[Matrix], x: &[f32], bytes: usize, threads: usize) {
+    for cols in [128usize, 1024, 2816] {
+        let mut us: Vec<f64> = (0..2000)
+            .map(|_| {
+                let t0 = Instant::now();
+                std::hint::black_box(QActs::quantize(&x[..cols], 1, cols));
+                t0.elapsed().as_secs_f64() * 1e6
+            })
+            .collect();
+        us.sort_by(f64::total_cmp);
+        println!("quantizing one activation row of {cols}: {:.3} us (median of 2000)", us[1000]);
+    }
+    let cx = Compute { threads, exact: false };
+    let isa = k3_kernels::qgemm::Isa::best().for_tokens(1);
+    let (a1, a2) = (QActs::quantize(&x[..1024], 1, 1024), QActs::quantize(&x[..2816], 1, 2816));
+    // Task i of `threads`: its half of every matrix in `job`.
+    let halves = |job: &[Matrix], acts: [&QActs; 2], i: usize| {
+        let mut out = [0f32; 4096];
+        for m in job {
+            let p = m.packed.as_deref().expect("Q4_0 / Q4_1 / Q8_0 matrices are packed");
+            let a = if m.cols == 1024 { acts[0] } else { acts[1] };
+            let lo = (m.rows * i / threads).next_multiple_of(16).min(m.rows);
+            let hi = (m.rows * (i + 1) / threads).next_multiple_of(16).min(m.rows);
+            k3_kernels::qgemm::gemm_rows(isa, p, a, lo, hi, &mut out[..hi - lo]);
+        }
+        std::hint::black_box(&out);
+    };
+    let timed = |f: &dyn Fn()| {
+        let t0 = Instant::now();
+        f();
+        bytes as f64 / t0.elapsed().as_secs_f64() / 1e9
+    };
+    let engine = || {
+        for l in mats.chunks(7) {
+            std::hint::black_box(Matrix::apply_many(&[&l[0], &l[1], &l[2]], &x[..1024], 1, cx));
+            std::hint::black_box(l[3].apply(&x[..1024], 1, cx));
+            std::hint::black_box(Matrix::apply_many(&[&l[4], &l[5]], &x[..1024], 1, cx));
+            std::hint::black_box(l[6].apply(&x[..2816], 1, cx));
+        }
+    };
+    let four_jobs = |quantize_each: bool| {
+        for l in mats.chunks(7) {
+            for job in [&l[0..3], &l[3..4], &l[4..6], &l[6..7]] {
+                let own = quantize_each.then(|| QActs::quantize(&x[..job[0].cols], 1, job[0].cols));
+                let acts = own.as_ref().map_or([&a1, &a2], |q| [q, q]);
+                Pool::global().run(threads, threads, &|i| halves(job, acts, i));
+            }
+        }
+    };
+    let one_job = || Pool::global().run(threads, threads, &|i| halves(mats, [&a1, &a2], i));
+    let names = [
+        "the engine's jobs",
+        "4 jobs a layer, inputs quantized once",
+        "4 jobs a layer, a quantization each",
+        "one job a pass",
+    ];
+    let mut rates = vec![Vec::new(); names.len()];
+    for round in 0..21 {
+        for k in 0..names.len() {
+            let v = (k + round) % names.len();
+            rates[v].push(match v {
+                0 => timed(&engine),
+                1 => timed(&|| four_jobs(false)),
+                2 => timed(&|| four_jobs(true)),
+                _ => timed(&one_job),
+            });
+        }
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    for (v, name) in names.iter().enumerate() {
+        let ratios: Vec<f64> = rates[v].iter().zip(&rates[0]).map(|(a, b)| a / b).collect();
+        println!(
+            "{name}: {:.1} GB/s, {:.3} of the engine's jobs (median of 21)",
+            median(rates[v].clone()),
+            median(ratios)
+        );
+    }
 }

@@ -4,7 +4,7 @@ use k3_config::Activation;
 use k3_kernels::ops;
 
 use k3_kernels::qgemm::{gemm_rows_out, quantize_row, Isa, OutMat, QActs, BLOCK};
-use k3_kernels::threads::{Pool, SendPtr, DECODE_PAIR};
+use k3_kernels::threads::{pair_balance, Pool, SendPtr};
 
 use crate::linear::{packed_product, Compute, Matrix};
 use crate::Result;
@@ -90,7 +90,8 @@ impl Mlp {
         let hs = SendPtr(down_in.hs.as_mut_ptr());
         let isa = Isa::best().for_tokens(1);
         // Two bands are a pair: the caller's first, at the share the balance has learned.
-        let cut = if n == 2 { ((nb as f32 * DECODE_PAIR.share()).round() as usize).clamp(1, nb - 1) } else { 0 };
+        let bal = pair_balance(&gp.pair);
+        let cut = if n == 2 { ((nb as f32 * bal.share()).round() as usize).clamp(1, nb - 1) } else { 0 };
         let task = |i: usize| {
             let (b0, b1) = if n == 2 { [(0, cut), (cut, nb)][i] } else { (i * nb / n, (i + 1) * nb / n) };
             let (lo, hi) = (b0 * BLOCK, b1 * BLOCK);
@@ -115,7 +116,7 @@ impl Mlp {
             quantize_row(gb, q, dq, sq, s16q, hsq);
         };
         if n == 2 {
-            Pool::global().run_pair(&DECODE_PAIR, cut as f32 / nb as f32, &task);
+            Pool::global().run_pair(bal, cut as f32 / nb as f32, &task);
         } else {
             Pool::global().run(threads, n, &task);
         }

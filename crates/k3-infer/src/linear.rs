@@ -10,7 +10,7 @@ use k3_kernels::qgemm::{gemm_rows_out, Isa, OutMat, Packed, QActs};
 use k3_kernels::quant::GgmlType;
 
 use crate::threads::par_chunks;
-use k3_kernels::threads::{SendPtr, DECODE_PAIR};
+use k3_kernels::threads::{pair_balance, SendPtr};
 
 #[derive(Debug, Clone)]
 pub struct Matrix {
@@ -400,8 +400,9 @@ unsafe fn packed_products_into(jobs: &mut [(&Packed, &QActs, *mut f32)], threads
     // A decode product on two threads is a pair: the caller's task first, at the share the
     // balance has learned (k3_kernels::threads::PairBalance).
     let pair = threads == 2 && tasks_per_thread(t) == 1;
+    let bal = pair_balance(&jobs[0].0.pair);
     let tasks = if pair {
-        let share = DECODE_PAIR.share();
+        let share = bal.share();
         shared_work_tasks(&shapes, &[share, 1.0 - share])
     } else {
         equal_work_tasks(&shapes, if threads == 1 { 1 } else { threads * tasks_per_thread(t) })
@@ -426,7 +427,7 @@ unsafe fn packed_products_into(jobs: &mut [(&Packed, &QActs, *mut f32)], threads
     let pool = crate::threads::Pool::global();
     if pair && tasks.len() == 2 {
         let (w0, w1) = (task_work(&shapes, &tasks[0]), task_work(&shapes, &tasks[1]));
-        pool.run_pair(&DECODE_PAIR, w0 as f32 / (w0 + w1) as f32, &task);
+        pool.run_pair(bal, w0 as f32 / (w0 + w1) as f32, &task);
     } else {
         pool.run(threads, tasks.len(), &task);
     }

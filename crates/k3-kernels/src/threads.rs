@@ -367,7 +367,8 @@ pub struct PairBalance {
     share: AtomicU32,
 }
 
-/// The balance of the engine's two-thread decode jobs (its packed products and FFN bands).
+/// The one balance every two-thread decode job shared before each packed matrix had its own
+/// (`Packed::pair`, [`pair_balance`]); `K3MINI_PAIR_BALANCE=global` brings it back.
 pub static DECODE_PAIR: PairBalance = PairBalance::new();
 
 impl PairBalance {
@@ -414,6 +415,55 @@ impl PairBalance {
 impl Default for PairBalance {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+impl Clone for PairBalance {
+    fn clone(&self) -> Self {
+        Self { share: AtomicU32::new(self.share.load(Ordering::Relaxed)) }
+    }
+}
+
+impl std::fmt::Debug for PairBalance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PairBalance({:.3})", self.learned())
+    }
+}
+
+/// Whether each decode job site learns its own split ([`pair_balance`]). 2: not read yet.
+static SITE_BALANCE: AtomicU32 = AtomicU32::new(2);
+
+/// Whether two-thread decode jobs take the balance of their own site (the first matrix of the
+/// job, `Packed::pair`) rather than the one [`DECODE_PAIR`] all of them shared until
+/// 2026-12-06; `K3MINI_PAIR_BALANCE=global` shares it again. The jobs of a decode token differ
+/// (three 1024-row products, an FFN band with its GLU and quantizer, the Q8_0 head), and so do
+/// the splits that end their two sides together: one share for all of them left the worker
+/// finishing first by 0.25–1.5 µs in most of a token's ~97 pairs (Emerald Rapids class host,
+/// 370M Q4_0). Per site, decode in one process ran 1.004–1.008× as fast (`examples/decode_ab`
+/// variants 110 / 111, 40–60 rounds).
+pub fn site_balance() -> bool {
+    match SITE_BALANCE.load(Ordering::Relaxed) {
+        2 => {
+            let on = !std::env::var("K3MINI_PAIR_BALANCE").is_ok_and(|v| v.trim() == "global");
+            SITE_BALANCE.store(u32::from(on), Ordering::Relaxed);
+            on
+        }
+        v => v == 1,
+    }
+}
+
+/// Set [`site_balance`] for the rest of the process (in-process A/B measurements).
+pub fn set_site_balance(on: bool) {
+    SITE_BALANCE.store(u32::from(on), Ordering::Relaxed);
+}
+
+/// The balance a two-thread decode job at `site` learns from and splits by: `site` itself, or
+/// [`DECODE_PAIR`] when [`site_balance`] is off.
+pub fn pair_balance(site: &PairBalance) -> &PairBalance {
+    if site_balance() {
+        site
+    } else {
+        &DECODE_PAIR
     }
 }
 
@@ -569,6 +619,28 @@ mod tests {
         bal.observe(0.5, Duration::ZERO, Duration::from_micros(3));
         bal.observe(1.5, Duration::from_micros(3), Duration::from_micros(3));
         assert!((bal.learned() - 0.7).abs() < 1e-6);
+    }
+
+    #[test]
+    fn each_site_learns_its_own_split_and_the_switch_shares_one() {
+        // Two jobs whose worker sides run at different speeds learn different splits.
+        let (fast, slow) = (PairBalance::new(), PairBalance::new());
+        for _ in 0..400 {
+            for (bal, speed) in [(&fast, 1.0f32), (&slow, 0.5)] {
+                let s = bal.learned();
+                bal.observe(s, Duration::from_secs_f32(s * 1e-4), Duration::from_secs_f32((1.0 - s) / speed * 1e-4));
+            }
+        }
+        assert!((fast.learned() - 0.5).abs() < 1e-3 && (slow.learned() - 2.0 / 3.0).abs() < 1e-3);
+        // A copy (a packed matrix cloned) starts from what was learned.
+        assert_eq!(slow.clone().learned(), slow.learned());
+        // Off, every site takes the one shared balance.
+        let was = site_balance();
+        set_site_balance(false);
+        assert!(std::ptr::eq(pair_balance(&slow), &DECODE_PAIR));
+        set_site_balance(true);
+        assert!(std::ptr::eq(pair_balance(&slow), &slow));
+        set_site_balance(was);
     }
 
     #[test]

@@ -313,6 +313,9 @@ pub struct Packed {
     pub qs: Vec<u8>,
     pub d: Vec<u16>,
     pub m: Vec<u16>,
+    /// The caller's share of this matrix's two-thread decode jobs (it leads them), learned
+    /// from when the two sides finish ([`crate::threads::pair_balance`]).
+    pub pair: crate::threads::PairBalance,
 }
 
 impl Packed {

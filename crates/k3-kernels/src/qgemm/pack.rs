@@ -279,6 +279,7 @@ impl Packed {
             qs: Vec::new(),
             d: vec![0u16; stored_rows * nbp],
             m: if kind.has_m() { vec![0u16; stored_rows * kind.m_per_row(nbp)] } else { Vec::new() },
+            pair: Default::default(),
         };
         let per_row = p.row_qs();
         p.qs = vec![0u8; stored_rows * per_row];

@@ -7,7 +7,8 @@ use crate::testing::Rng;
 #[test]
 fn the_simd_quantizer_gives_the_reference_bits() {
     let mut rng = Rng::new(21);
-    let (t, cols) = (37, 320);
+    // 49 blocks: three of the AVX-512 quantizer's 16-block steps and one block after them.
+    let (t, cols) = (37, 1568);
     let mut x = rng.normals(t * cols, 2.0);
     x[..32].fill(0.0); // an all-zero block
     x[40] = 1e-30;
@@ -39,13 +40,25 @@ fn the_simd_quantizer_gives_the_reference_bits() {
 #[test]
 #[cfg(target_arch = "x86_64")]
 fn every_simd_quantizer_gives_the_reference_bits() {
-    let mut rng = Rng::new(23);
-    let cols = 320;
+    for cols in [320, 1024, 1568] {
+        every_simd_quantizer_gives_the_reference_bits_at(cols);
+    }
+}
+
+/// One row of `cols` with the special blocks both in a 16-block step and after the last one.
+#[cfg(target_arch = "x86_64")]
+fn every_simd_quantizer_gives_the_reference_bits_at(cols: usize) {
+    let mut rng = Rng::new(23 + cols as u64);
     let nb = cols / BLOCK;
     let mut x = rng.normals(cols, 2.0);
-    x[..32].fill(0.0);
-    x[40] = 1e-30;
-    x[64..96].copy_from_slice(&std::array::from_fn::<f32, 32, _>(|i| (i as f32 - 15.5) * 0.5)); // evenly spaced
+    for at in [0, (nb - 5) * BLOCK] {
+        x[at..at + 32].fill(0.0);
+        x[at + 40] = 1e-30;
+        // evenly spaced
+        x[at + 64..at + 96].copy_from_slice(&std::array::from_fn::<f32, 32, _>(|i| (i as f32 - 15.5) * 0.5));
+        x[at + 100] = 3e7; // d past f16's largest: infinite, as ggml stores it
+        x[at + 128..at + 160].iter_mut().for_each(|v| *v *= 1e-6); // d an f16 subnormal
+    }
     type Quantizer = unsafe fn(&[f32], &mut [i8], &mut [f32], &mut [f32], &mut [f32], &mut [f32]);
     let mut paths: Vec<(&str, Quantizer)> = Vec::new();
     if Isa::Avx2.supported() {
@@ -63,7 +76,7 @@ fn every_simd_quantizer_gives_the_reference_bits() {
     };
     let want = run(quantize_row_ref);
     for (name, f) in paths {
-        assert_eq!(run(f), want, "{name} quantizer");
+        assert_eq!(run(f), want, "{name} quantizer, {cols} columns");
     }
 }
 
