@@ -135,7 +135,7 @@ pub fn probe(threads: usize, weight_bytes: usize) -> (f64, f64, f64) {
 
 /// Weight bytes one decoded token reads: every tensor except the embedding table (one row) and,
 /// for MoE, only the top-k share of the routed experts. GGUF only (else the f32 parameter bytes).
-fn weight_bytes_per_token(path: &Path) -> Result<u64> {
+pub fn weight_bytes_per_token(path: &Path) -> Result<u64> {
     if path.is_dir() {
         let (cfg, _) = k3_format::checkpoint::read_config(path)?;
         let c = k3_format::param_counts(&cfg);

@@ -1,11 +1,13 @@
-//! `k3mini info`: parameters, layer kinds and inference-state memory, from the config alone.
+//! `k3mini info`: parameters, layer kinds and inference-state memory, from the config alone; for
+//! a GGUF file also its tensor types and the weight bytes a decoded token reads.
 
 use std::path::Path;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use k3_config::count::{gqa_baseline_bytes, human_bytes, kimi_state_bytes, llama_state_bytes, pure_mla_state_bytes};
 use k3_config::{FfnKind, Mixer, ModelConfig};
 use k3_format::param_counts;
+use k3_kernels::quant::GgmlType;
 
 const CONTEXTS: [(u64, &str); 4] = [(4096, "4K"), (32768, "32K"), (131072, "128K"), (1 << 20, "1M")];
 
@@ -18,6 +20,13 @@ fn millions(n: usize) -> String {
 }
 
 pub fn run(model: Option<&Path>, preset: Option<&str>) -> Result<()> {
+    if let Some(path) = model.filter(|p| p.is_file()) {
+        let f = k3_format::gguf::GgufFile::open(path)?;
+        let cfg = k3_format::gguf_map::config_from_gguf(&f)?;
+        print!("{}", summary(&cfg, &path.display().to_string()));
+        print!("{}", gguf_summary(&f, path)?);
+        return Ok(());
+    }
     let (cfg, source) = match (model, preset) {
         (Some(dir), _) => {
             let (cfg, warnings) = k3_format::checkpoint::read_config(dir)?;
@@ -31,6 +40,41 @@ pub fn run(model: Option<&Path>, preset: Option<&str>) -> Result<()> {
     };
     print!("{}", summary(&cfg, &source));
     Ok(())
+}
+
+/// What a GGUF file holds beyond its config: version, size, tensors by type, and the weight
+/// bytes one decoded token reads (the bandwidth bound's numerator in `bench infer`).
+fn gguf_summary(f: &k3_format::gguf::GgufFile, path: &Path) -> Result<String> {
+    let mut by_type: Vec<(&'static str, usize, u64)> = Vec::new();
+    for t in &f.tensors {
+        let ty = GgmlType::from_id(t.type_id)
+            .with_context(|| format!("{}: tensor {} has an unknown type {}", path.display(), t.name, t.type_id))?;
+        let bytes = t.numel() / ty.block_elems() as u64 * ty.block_bytes() as u64;
+        match by_type.iter_mut().find(|(name, _, _)| *name == ty.name()) {
+            Some(e) => {
+                e.1 += 1;
+                e.2 += bytes;
+            }
+            None => by_type.push((ty.name(), 1, bytes)),
+        }
+    }
+    by_type.sort_by(|a, b| b.2.cmp(&a.2));
+    let size = std::fs::metadata(path).with_context(|| format!("{}: cannot read its size", path.display()))?.len();
+    let mut s = format!(
+        "gguf        version {}, {}, {} tensors, architecture `{}`\n",
+        f.version,
+        human_bytes(size),
+        f.tensors.len(),
+        f.arch().unwrap_or("?")
+    );
+    let types: Vec<String> = by_type.iter().map(|(name, n, b)| format!("{name} {n} ({})", human_bytes(*b))).collect();
+    s += &format!("tensors     {}\n", types.join(", "));
+    let per_token = crate::bench_infer::weight_bytes_per_token(path)?;
+    s += &format!(
+        "decode      {} of weights read per token (every tensor but an untied embedding table, of which a token reads one row; MoE: the routed share)\n",
+        human_bytes(per_token)
+    );
+    Ok(s)
 }
 
 /// The model summary printed by `info` (and by the quickstart).

@@ -43,7 +43,8 @@ struct Cli {
 enum Cmd {
     /// Print a model's parameters, layer kinds and inference-state memory (pure Rust).
     Info {
-        /// A checkpoint directory (config.json + safetensors).
+        /// A checkpoint directory (config.json + safetensors) or a .gguf file (then also its
+        /// tensor types, sizes and the weight bytes a decoded token reads).
         #[arg(long, conflicts_with = "preset")]
         model: Option<PathBuf>,
         /// Or a named preset (see `k3mini presets`).

@@ -60,3 +60,24 @@ fn gguf_and_prompt_errors() {
     let e = fails(&["logits", "--model", "/nonexistent/dir", "--ids", "1", "--out", "/dev/null"]);
     assert!(e.contains("/nonexistent/dir"), "{e}");
 }
+
+#[test]
+fn info_reads_a_gguf_and_names_a_bad_one() {
+    let d = scratch("info");
+    let g = d.join("m.gguf");
+    let dir = golden("tiny_kimi_linear_dense");
+    run(k3mini().args(["quantize", "--model"]).arg(&dir).args(["--type", "q8_0", "--out"]).arg(&g));
+    let from_dir = run(k3mini().args(["info", "--model"]).arg(&dir));
+    let from_gguf = run(k3mini().args(["info", "--model"]).arg(&g));
+    // The same config either way, then what only the file says.
+    let params = |s: &str| s.lines().find(|l| l.starts_with("params")).map(str::to_string);
+    assert_eq!(params(&from_dir), params(&from_gguf), "{from_dir}\n{from_gguf}");
+    assert!(params(&from_gguf).is_some(), "{from_gguf}");
+    assert!(from_gguf.contains("architecture `kimi-linear`") && from_gguf.contains("Q8_0 "), "{from_gguf}");
+    assert!(from_gguf.contains("of weights read per token"), "{from_gguf}");
+    let bytes = std::fs::read(&g).expect("read");
+    let t = d.join("trunc.gguf");
+    std::fs::write(&t, &bytes[..bytes.len() / 3]).expect("write");
+    let e = fails(&["info", "--model", &t.to_string_lossy()]);
+    assert!(e.contains("trunc.gguf") && e.contains("truncated"), "{e}");
+}
