@@ -58,7 +58,7 @@ fn gguf_summary(f: &k3_format::gguf::GgufFile, path: &Path) -> Result<String> {
             None => by_type.push((ty.name(), 1, bytes)),
         }
     }
-    by_type.sort_by(|a, b| b.2.cmp(&a.2));
+    by_type.sort_by_key(|e| std::cmp::Reverse(e.2));
     let size = std::fs::metadata(path).with_context(|| format!("{}: cannot read its size", path.display()))?.len();
     let mut s = format!(
         "gguf        version {}, {}, {} tensors, architecture `{}`\n",
