@@ -97,14 +97,36 @@ pub(crate) fn store_row(p: &mut Packed, r: usize, codes: &[u8], d: &[u16], m: &[
     let (nbp, gb, planes) = (p.nbp, group_block(p.kind), p.kind.planes());
     let mask = if p.kind.byte_codes() { 0xFF } else { 0x0F };
     let base = (r / ROWS) * nbp * gb;
+    if planes == 0 {
+        // Without planes each of the row's code bytes is its own: write them whole, four codes
+        // (a 4-code group's lane) at a time, instead of one code and one offset at a time (the
+        // loop below took half of a 370M Q4_0 load).
+        let lane = (r % ROWS) * 4;
+        let group = &mut p.qs[base..base + nbp * gb];
+        for (blk, out) in codes.chunks_exact(BLOCK).zip(group.chunks_exact_mut(gb)) {
+            if p.kind.byte_codes() {
+                for (g, four) in blk.chunks_exact(4).enumerate() {
+                    out[g * 64 + lane..g * 64 + lane + 4].copy_from_slice(four);
+                }
+            } else {
+                for g in 0..4 {
+                    for e in 0..4 {
+                        out[g * 64 + lane + e] = (blk[4 * g + e] & 0x0F) | (blk[16 + 4 * g + e] & 0x0F) << 4;
+                    }
+                }
+            }
+        }
+    }
     for b in 0..nbp {
-        for k in 0..BLOCK {
-            let c = codes[b * BLOCK + k];
-            let (at, shift) = code_at(p.kind, r % ROWS, k);
-            p.qs[base + b * gb + at] |= (c & mask) << shift;
-            for pl in 0..planes {
-                let (at, bit) = plane_at(planes, r % ROWS, k, pl);
-                p.qs[base + b * gb + at] |= ((c >> (4 + pl)) & 1) << bit;
+        if planes > 0 {
+            for k in 0..BLOCK {
+                let c = codes[b * BLOCK + k];
+                let (at, shift) = code_at(p.kind, r % ROWS, k);
+                p.qs[base + b * gb + at] |= (c & mask) << shift;
+                for pl in 0..planes {
+                    let (at, bit) = plane_at(planes, r % ROWS, k, pl);
+                    p.qs[base + b * gb + at] |= ((c >> (4 + pl)) & 1) << bit;
+                }
             }
         }
         let i = scale_at(nbp, r, b);
