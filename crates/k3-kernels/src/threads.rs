@@ -261,25 +261,48 @@ impl Pool {
     }
 }
 
+/// An engine choice that is on unless the environment variable `var` reads `off`, read once,
+/// and settable for the rest of the process (in-process A/B measurements).
+pub struct Switch {
+    /// 0 off, 1 on, 2 not read yet.
+    state: AtomicU32,
+    var: &'static str,
+    off: &'static str,
+}
+
+impl Switch {
+    pub const fn new(var: &'static str, off: &'static str) -> Self {
+        Self { state: AtomicU32::new(2), var, off }
+    }
+
+    pub fn on(&self) -> bool {
+        match self.state.load(Ordering::Relaxed) {
+            2 => {
+                let on = !std::env::var(self.var).is_ok_and(|v| v.trim() == self.off);
+                self.set(on);
+                on
+            }
+            v => v == 1,
+        }
+    }
+
+    pub fn set(&self, on: bool) {
+        self.state.store(u32::from(on), Ordering::Relaxed);
+    }
+}
+
 /// Whether jobs of two tasks on two threads take the lean hand-off ([`PairPost`]);
-/// `K3MINI_LEAN_PAIR=0` sends them through the job slot like any job. 2: not read yet.
-static LEAN_PAIR: AtomicU32 = AtomicU32::new(2);
+/// `K3MINI_LEAN_PAIR=0` sends them through the job slot like any job.
+static LEAN_PAIR: Switch = Switch::new("K3MINI_LEAN_PAIR", "0");
 
 /// Whether [`Pool::run_pair`] and two-task [`Pool::run`]s post to the first worker directly.
 pub fn lean_pairs() -> bool {
-    match LEAN_PAIR.load(Ordering::Relaxed) {
-        2 => {
-            let on = !std::env::var("K3MINI_LEAN_PAIR").is_ok_and(|v| v.trim() == "0");
-            LEAN_PAIR.store(u32::from(on), Ordering::Relaxed);
-            on
-        }
-        v => v == 1,
-    }
+    LEAN_PAIR.on()
 }
 
 /// Set [`lean_pairs`] for the rest of the process (in-process A/B measurements).
 pub fn set_lean_pairs(on: bool) {
-    LEAN_PAIR.store(u32::from(on), Ordering::Relaxed);
+    LEAN_PAIR.set(on);
 }
 
 impl Pool {
@@ -430,8 +453,8 @@ impl std::fmt::Debug for PairBalance {
     }
 }
 
-/// Whether each decode job site learns its own split ([`pair_balance`]). 2: not read yet.
-static SITE_BALANCE: AtomicU32 = AtomicU32::new(2);
+/// Whether each decode job site learns its own split ([`pair_balance`]).
+static SITE_BALANCE: Switch = Switch::new("K3MINI_PAIR_BALANCE", "global");
 
 /// Whether two-thread decode jobs take the balance of their own site (the first matrix of the
 /// job, `Packed::pair`) rather than the one [`DECODE_PAIR`] all of them shared until
@@ -442,19 +465,12 @@ static SITE_BALANCE: AtomicU32 = AtomicU32::new(2);
 /// 370M Q4_0). Per site, decode in one process ran 1.004–1.008× as fast (`examples/decode_ab`
 /// variants 110 / 111, 40–60 rounds).
 pub fn site_balance() -> bool {
-    match SITE_BALANCE.load(Ordering::Relaxed) {
-        2 => {
-            let on = !std::env::var("K3MINI_PAIR_BALANCE").is_ok_and(|v| v.trim() == "global");
-            SITE_BALANCE.store(u32::from(on), Ordering::Relaxed);
-            on
-        }
-        v => v == 1,
-    }
+    SITE_BALANCE.on()
 }
 
 /// Set [`site_balance`] for the rest of the process (in-process A/B measurements).
 pub fn set_site_balance(on: bool) {
-    SITE_BALANCE.store(u32::from(on), Ordering::Relaxed);
+    SITE_BALANCE.set(on);
 }
 
 /// The balance a two-thread decode job at `site` learns from and splits by: `site` itself, or
