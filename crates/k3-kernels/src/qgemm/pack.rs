@@ -187,9 +187,9 @@ impl Packed {
     /// 16-row layout, copied as stored: ggml's code byte j of a block holds codes j and j + 16,
     /// which is the tiles' byte for row r's lane of 4-code group j / 4 (`rows16::code_at`), so
     /// each block is four 4-byte copies and its scale (and min), with no code taken apart. The
-    /// same matrix as [`Packed::blocks_by_codes`] (test). With it and `store_row`'s whole-byte
-    /// path, `k3mini logits` on the 370M Q4_0 (start, load, one token) went from 0.88–0.90 s
-    /// to 0.47–0.49 s on the Emerald Rapids class host.
+    /// same matrix as [`Packed::blocks_by_codes`] (test). With it and `store_row`'s lanes,
+    /// `k3mini logits` on the 370M Q4_0 (start, load, one token) went from 0.88–0.90 s to
+    /// 0.39–0.41 s on the Emerald Rapids class host.
     fn nibbles_rows16(kind: Kind, rows: usize, cols: usize, data: &[u8], bb: usize, off: usize) -> Packed {
         let (nb, gb) = (cols / BLOCK, rows16::ROWS * BLOCK / 2);
         let nbp = nb + nb % 2;
@@ -377,6 +377,53 @@ impl Packed {
 mod tests {
     use super::*;
     use crate::testing::Rng;
+
+    /// `store_row` writes what its one-code-at-a-time reference writes, for every kind: byte
+    /// codes, nibbles, one and two planes, super-block scales; 37 rows (three groups, the last
+    /// partial), 8 blocks.
+    #[test]
+    fn rows_stored_a_lane_at_a_time_equal_the_reference() {
+        let mut rng = Rng::new(9);
+        let kinds = [
+            Kind::Q4_0,
+            Kind::Q4_1,
+            Kind::Q8_0,
+            Kind::IQ4NL,
+            Kind::Q4K,
+            Kind::Q5_0,
+            Kind::Q5_1,
+            Kind::Q5K,
+            Kind::Q6K,
+            Kind::Q3K,
+            Kind::Q2K,
+        ];
+        let (rows, cols) = (37, 256);
+        for kind in kinds {
+            let top = if kind.byte_codes() { 256 } else { 16 << kind.planes() };
+            let nbp = cols / BLOCK;
+            let per_row: Vec<(Vec<u8>, Vec<u16>, Vec<u16>)> = (0..rows)
+                .map(|_| {
+                    let codes = (0..nbp * BLOCK).map(|_| (rng.uniform() * top as f32) as u8).collect();
+                    let d = (0..nbp).map(|_| (rng.uniform() * 65535.0) as u16).collect();
+                    let m = (0..nbp).map(|_| (rng.uniform() * 65535.0) as u16).collect();
+                    (codes, d, m)
+                })
+                .collect();
+            let fast = Packed::from_rows(kind, Layout::Rows16, rows, cols, |r, c, d, m| {
+                c.copy_from_slice(&per_row[r].0);
+                d.copy_from_slice(&per_row[r].1);
+                m.copy_from_slice(&per_row[r].2);
+            });
+            let mut slow = fast.clone();
+            slow.qs.fill(0);
+            slow.d.fill(0);
+            slow.m.fill(0);
+            for (r, (c, d, m)) in per_row.iter().enumerate() {
+                rows16::store_row_ref(&mut slow, r, c, d, m);
+            }
+            assert!(fast.qs == slow.qs && fast.d == slow.d && fast.m == slow.m, "{kind:?}");
+        }
+    }
 
     /// The 16-row nibble kinds copied as stored are the matrix their codes give, byte for byte:
     /// rows not a multiple of 16, an odd number of blocks (a pad block), every such kind.
