@@ -84,35 +84,7 @@ fn attn_res_mix(prefix: &[f32], bank: &[Vec<f32>], score: &[f32], eps: f32) -> V
 impl KimiModel {
     pub fn load(src: &Source, cfg: &KimiConfig) -> Result<Self> {
         let d = cfg.hidden_size;
-        let eps = cfg.rms_norm_eps;
-        let mut blocks = Vec::with_capacity(cfg.layers.len());
-        for (i, kind) in cfg.layers.iter().enumerate() {
-            let p = format!("model.layers.{i}");
-            let mixer = match kind.mixer {
-                MixerKind::Kda => Mixer::Kda(Kda::load(src, i, d, &cfg.kda, eps)?),
-                MixerKind::Mla => Mixer::Mla(Mla::load(src, i, d, &cfg.mla, eps)?),
-            };
-            let ffn = match kind.ffn {
-                FfnKind::Dense => {
-                    Ffn::Dense(Mlp::load(src, &format!("{p}.mlp"), d, cfg.intermediate_size, cfg.activation)?)
-                }
-                FfnKind::Moe => Ffn::Moe(Moe::load(src, i, d, &cfg.moe, cfg.activation, eps)?),
-            };
-            let res = match cfg.attn_res_block_size {
-                Some(_) => Some((
-                    src.res_score(&format!("{p}.self_attention_res"), d)?,
-                    src.res_score(&format!("{p}.mlp_res"), d)?,
-                )),
-                None => None,
-            };
-            blocks.push(Block {
-                mixer,
-                ffn,
-                norm_in: src.vector(&format!("{p}.input_layernorm.weight"), d)?,
-                norm_post: src.vector(&format!("{p}.post_attention_layernorm.weight"), d)?,
-                res,
-            });
-        }
+        let blocks = load_in_parallel(cfg.layers.len(), |i| Self::load_block(src, cfg, i))?;
         let embed = src.embedding(cfg.vocab_size, d)?;
         Ok(Self {
             cfg: cfg.clone(),
@@ -124,6 +96,36 @@ impl KimiModel {
                 Some(_) => Some(src.res_score("model.output_attn_res", d)?),
                 None => None,
             },
+        })
+    }
+
+    /// Layer i's weights, repacked for the kernels.
+    fn load_block(src: &Source, cfg: &KimiConfig, i: usize) -> Result<Block> {
+        let (d, eps, kind) = (cfg.hidden_size, cfg.rms_norm_eps, &cfg.layers[i]);
+        let p = format!("model.layers.{i}");
+        let mixer = match kind.mixer {
+            MixerKind::Kda => Mixer::Kda(Kda::load(src, i, d, &cfg.kda, eps)?),
+            MixerKind::Mla => Mixer::Mla(Mla::load(src, i, d, &cfg.mla, eps)?),
+        };
+        let ffn = match kind.ffn {
+            FfnKind::Dense => {
+                Ffn::Dense(Mlp::load(src, &format!("{p}.mlp"), d, cfg.intermediate_size, cfg.activation)?)
+            }
+            FfnKind::Moe => Ffn::Moe(Moe::load(src, i, d, &cfg.moe, cfg.activation, eps)?),
+        };
+        let res = match cfg.attn_res_block_size {
+            Some(_) => Some((
+                src.res_score(&format!("{p}.self_attention_res"), d)?,
+                src.res_score(&format!("{p}.mlp_res"), d)?,
+            )),
+            None => None,
+        };
+        Ok(Block {
+            mixer,
+            ffn,
+            norm_in: src.vector(&format!("{p}.input_layernorm.weight"), d)?,
+            norm_post: src.vector(&format!("{p}.post_attention_layernorm.weight"), d)?,
+            res,
         })
     }
 
@@ -225,5 +227,42 @@ impl KimiModel {
 
     pub fn lm_head(&self) -> &Matrix {
         &self.lm_head
+    }
+}
+
+/// `load(0..n)` in order, the indices split into one contiguous run per core, each run on its
+/// own scoped thread (not the engine's pool, whose jobs a loader may itself start). Repacking
+/// is most of a load and each layer's is independent. Returns the first error in index order.
+pub(crate) fn load_in_parallel<T: Send>(n: usize, load: impl Fn(usize) -> Result<T> + Sync) -> Result<Vec<T>> {
+    let threads = std::thread::available_parallelism().map_or(1, |c| c.get()).clamp(1, n.max(1));
+    let per = n.div_ceil(threads).max(1);
+    let run = |k: usize| (k * per..((k + 1) * per).min(n)).map(&load).collect::<Result<Vec<T>>>();
+    let parts: Vec<Result<Vec<T>>> = std::thread::scope(|s| {
+        let rest: Vec<_> = (1..threads).map(|k| s.spawn(move || run(k))).collect();
+        let first = run(0);
+        std::iter::once(first)
+            .chain(rest.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))))
+            .collect()
+    });
+    let mut all = Vec::with_capacity(n);
+    for part in parts {
+        all.extend(part?);
+    }
+    Ok(all)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parallel_load_keeps_the_order_and_returns_the_first_error() {
+        let got = load_in_parallel(25, |i| Ok(i * 2)).expect("no error");
+        assert_eq!(got, (0..25).map(|i| i * 2).collect::<Vec<_>>());
+        let bad = |i: usize| if i == 7 || i == 20 { Err(crate::Error::Invalid(format!("layer {i}"))) } else { Ok(i) };
+        let e = load_in_parallel(25, bad).expect_err("two layers fail");
+        assert!(e.to_string().contains("layer 7"), "{e}");
+        assert!(load_in_parallel(0, Ok).expect("nothing to load").is_empty());
+        assert_eq!(load_in_parallel(1, Ok).expect("one"), vec![0]);
     }
 }

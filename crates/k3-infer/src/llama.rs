@@ -47,10 +47,9 @@ impl LlamaModel {
         }
         let (d, hd) = (cfg.hidden_size, cfg.head_dim);
         let (hq, hkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
-        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
-        for i in 0..cfg.num_hidden_layers {
+        let layers = crate::kimi::load_in_parallel(cfg.num_hidden_layers, |i| {
             let p = format!("model.layers.{i}");
-            layers.push(Layer {
+            Ok(Layer {
                 q: src.llama_attn(i, "q", hq * hd, d, hq)?,
                 k: src.llama_attn(i, "k", hkv * hd, d, hkv)?,
                 v: src.llama_attn(i, "v", hkv * hd, d, hkv)?,
@@ -58,8 +57,8 @@ impl LlamaModel {
                 mlp: Mlp::load(src, &format!("{p}.mlp"), d, cfg.intermediate_size, Activation::Silu)?,
                 norm_in: src.vector(&format!("{p}.input_layernorm.weight"), d)?,
                 norm_post: src.vector(&format!("{p}.post_attention_layernorm.weight"), d)?,
-            });
-        }
+            })
+        })?;
         let inv_freq = (0..hd / 2).map(|i| (cfg.rope_theta as f32).powf(-2.0 * i as f32 / hd as f32)).collect();
         let embed = src.embedding(cfg.vocab_size, d)?;
         Ok(Self {
