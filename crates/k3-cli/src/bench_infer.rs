@@ -135,13 +135,17 @@ pub fn probe(threads: usize, weight_bytes: usize) -> (f64, f64, f64) {
 
 /// Weight bytes one decoded token reads: every tensor except the embedding table (one row) and,
 /// for MoE, only the top-k share of the routed experts. GGUF only (else the f32 parameter bytes).
-pub fn weight_bytes_per_token(path: &Path) -> Result<u64> {
+fn weight_bytes_per_token(path: &Path) -> Result<u64> {
     if path.is_dir() {
         let (cfg, _) = k3_format::checkpoint::read_config(path)?;
         let c = k3_format::param_counts(&cfg);
         return Ok(4 * (c.active as u64).saturating_sub(c.embedding as u64 / 2));
     }
-    let g = k3_format::gguf::GgufFile::open(path)?;
+    gguf_weight_bytes_per_token(&k3_format::gguf::GgufFile::open(path)?)
+}
+
+/// [`weight_bytes_per_token`] of an opened GGUF file.
+pub fn gguf_weight_bytes_per_token(g: &k3_format::gguf::GgufFile) -> Result<u64> {
     let arch = g.arch().unwrap_or("").to_string();
     let num = |k: &str| g.get(&format!("{arch}.{k}")).and_then(|v| v.as_u64());
     let share = match (num("expert_used_count"), num("expert_count")) {
@@ -151,9 +155,8 @@ pub fn weight_bytes_per_token(path: &Path) -> Result<u64> {
     let tied = g.tensor_info("output.weight").is_none();
     let mut total = 0f64;
     for t in &g.tensors {
-        let ty = k3_kernels::quant::GgmlType::from_id(t.type_id)
-            .with_context(|| format!("{}: tensor {} has an unknown type", path.display(), t.name))?;
-        let bytes = (t.numel() / ty.block_elems() as u64 * ty.block_bytes() as u64) as f64;
+        let bytes =
+            t.nbytes().with_context(|| format!("{}: tensor {} has an unknown type", g.path.display(), t.name))? as f64;
         total += if t.name == "token_embd.weight" && !tied {
             0.0
         } else if t.name.contains("_exps") {

@@ -47,15 +47,15 @@ pub fn run(model: Option<&Path>, preset: Option<&str>) -> Result<()> {
 fn gguf_summary(f: &k3_format::gguf::GgufFile, path: &Path) -> Result<String> {
     let mut by_type: Vec<(&'static str, usize, u64)> = Vec::new();
     for t in &f.tensors {
-        let ty = GgmlType::from_id(t.type_id)
-            .with_context(|| format!("{}: tensor {} has an unknown type {}", path.display(), t.name, t.type_id))?;
-        let bytes = t.numel() / ty.block_elems() as u64 * ty.block_bytes() as u64;
-        match by_type.iter_mut().find(|(name, _, _)| *name == ty.name()) {
+        let name = GgmlType::name_of_id(t.type_id);
+        let bytes =
+            t.nbytes().with_context(|| format!("{}: tensor {} has an unknown type {name}", path.display(), t.name))?;
+        match by_type.iter_mut().find(|(n, _, _)| *n == name) {
             Some(e) => {
                 e.1 += 1;
                 e.2 += bytes;
             }
-            None => by_type.push((ty.name(), 1, bytes)),
+            None => by_type.push((name, 1, bytes)),
         }
     }
     by_type.sort_by_key(|e| std::cmp::Reverse(e.2));
@@ -69,7 +69,7 @@ fn gguf_summary(f: &k3_format::gguf::GgufFile, path: &Path) -> Result<String> {
     );
     let types: Vec<String> = by_type.iter().map(|(name, n, b)| format!("{name} {n} ({})", human_bytes(*b))).collect();
     s += &format!("tensors     {}\n", types.join(", "));
-    let per_token = crate::bench_infer::weight_bytes_per_token(path)?;
+    let per_token = crate::bench_infer::gguf_weight_bytes_per_token(f)?;
     s += &format!(
         "decode      {} of weights read per token (every tensor but an untied embedding table, of which a token reads one row; MoE: the routed share)\n",
         human_bytes(per_token)

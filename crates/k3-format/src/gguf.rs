@@ -128,6 +128,13 @@ impl TensorInfo {
     pub fn shape(&self) -> Vec<usize> {
         self.ne.iter().rev().map(|&x| x as usize).collect()
     }
+    /// Bytes of its data: whole blocks of its type per row (`None` for a type this reader does
+    /// not know).
+    pub fn nbytes(&self) -> Option<u64> {
+        let ty = GgmlType::from_id(self.type_id)?;
+        let row = self.ne.first().copied().unwrap_or(1).max(1);
+        Some(ty.row_bytes(row as usize) as u64 * (self.numel() / row))
+    }
 }
 
 /// A GGUF file opened for reading.
@@ -298,7 +305,7 @@ impl GgufFile {
                         ty.block_elems()
                     )));
                 }
-                ty.row_bytes(row) as u64 * (t.numel() / row.max(1) as u64)
+                t.nbytes().expect("a known type")
             }
             None => return Ok(()), // unsupported types are reported when (and if) the tensor is read
         };

@@ -84,7 +84,7 @@ fn attn_res_mix(prefix: &[f32], bank: &[Vec<f32>], score: &[f32], eps: f32) -> V
 impl KimiModel {
     pub fn load(src: &Source, cfg: &KimiConfig) -> Result<Self> {
         let d = cfg.hidden_size;
-        let blocks = load_in_parallel(cfg.layers.len(), |i| Self::load_block(src, cfg, i))?;
+        let blocks = threads::load_in_parallel(cfg.layers.len(), |i| Self::load_block(src, cfg, i))?;
         let embed = src.embedding(cfg.vocab_size, d)?;
         Ok(Self {
             cfg: cfg.clone(),
@@ -227,42 +227,5 @@ impl KimiModel {
 
     pub fn lm_head(&self) -> &Matrix {
         &self.lm_head
-    }
-}
-
-/// `load(0..n)` in order, the indices split into one contiguous run per core, each run on its
-/// own scoped thread (not the engine's pool, whose jobs a loader may itself start). Repacking
-/// is most of a load and each layer's is independent. Returns the first error in index order.
-pub(crate) fn load_in_parallel<T: Send>(n: usize, load: impl Fn(usize) -> Result<T> + Sync) -> Result<Vec<T>> {
-    let threads = std::thread::available_parallelism().map_or(1, |c| c.get()).clamp(1, n.max(1));
-    let per = n.div_ceil(threads).max(1);
-    let run = |k: usize| (k * per..((k + 1) * per).min(n)).map(&load).collect::<Result<Vec<T>>>();
-    let parts: Vec<Result<Vec<T>>> = std::thread::scope(|s| {
-        let rest: Vec<_> = (1..threads).map(|k| s.spawn(move || run(k))).collect();
-        let first = run(0);
-        std::iter::once(first)
-            .chain(rest.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))))
-            .collect()
-    });
-    let mut all = Vec::with_capacity(n);
-    for part in parts {
-        all.extend(part?);
-    }
-    Ok(all)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parallel_load_keeps_the_order_and_returns_the_first_error() {
-        let got = load_in_parallel(25, |i| Ok(i * 2)).expect("no error");
-        assert_eq!(got, (0..25).map(|i| i * 2).collect::<Vec<_>>());
-        let bad = |i: usize| if i == 7 || i == 20 { Err(crate::Error::Invalid(format!("layer {i}"))) } else { Ok(i) };
-        let e = load_in_parallel(25, bad).expect_err("two layers fail");
-        assert!(e.to_string().contains("layer 7"), "{e}");
-        assert!(load_in_parallel(0, Ok).expect("nothing to load").is_empty());
-        assert_eq!(load_in_parallel(1, Ok).expect("one"), vec![0]);
     }
 }

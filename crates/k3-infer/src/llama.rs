@@ -47,7 +47,7 @@ impl LlamaModel {
         }
         let (d, hd) = (cfg.hidden_size, cfg.head_dim);
         let (hq, hkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
-        let layers = crate::kimi::load_in_parallel(cfg.num_hidden_layers, |i| {
+        let layers = crate::threads::load_in_parallel(cfg.num_hidden_layers, |i| {
             let p = format!("model.layers.{i}");
             Ok(Layer {
                 q: src.llama_attn(i, "q", hq * hd, d, hq)?,

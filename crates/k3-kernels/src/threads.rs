@@ -407,11 +407,12 @@ impl PairBalance {
     /// The caller's share of the next pair's work, within 0.5 ± 0.2; 0.5 when
     /// `K3MINI_PAIR_BALANCE=0` (for measuring what the balance is worth).
     pub fn share(&self) -> f32 {
-        static OFF: OnceLock<bool> = OnceLock::new();
-        if *OFF.get_or_init(|| std::env::var("K3MINI_PAIR_BALANCE").is_ok_and(|v| v == "0")) {
-            return 0.5;
+        static ON: Switch = Switch::new("K3MINI_PAIR_BALANCE", "0");
+        if ON.on() {
+            self.learned()
+        } else {
+            0.5
         }
-        self.learned()
     }
 
     /// The share as learned, whatever the environment says.

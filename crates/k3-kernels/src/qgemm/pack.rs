@@ -191,20 +191,9 @@ impl Packed {
     /// `k3mini logits` on the 370M Q4_0 (start, load, one token) went from 0.88–0.90 s to
     /// 0.39–0.41 s on the Emerald Rapids class host.
     fn nibbles_rows16(kind: Kind, rows: usize, cols: usize, data: &[u8], bb: usize, off: usize) -> Packed {
-        let (nb, gb) = (cols / BLOCK, rows16::ROWS * BLOCK / 2);
-        let nbp = nb + nb % 2;
-        let stored_rows = rows.next_multiple_of(rows16::ROWS);
-        let mut p = Packed {
-            kind,
-            layout: Layout::Rows16,
-            rows,
-            cols,
-            nbp,
-            qs: vec![0u8; stored_rows * nbp * gb / rows16::ROWS],
-            d: vec![0u16; stored_rows * nbp],
-            m: if kind.has_m() { vec![0u16; stored_rows * nbp] } else { Vec::new() },
-            pair: Default::default(),
-        };
+        let mut p = Self::zeroed(kind, Layout::Rows16, rows, cols);
+        let (nb, nbp) = (cols / BLOCK, p.nbp);
+        let gb = rows16::ROWS * p.row_qs() / nbp; // bytes of a group's block
         debug_assert_eq!(data.len(), rows * nb * bb);
         for (r, row) in data.chunks_exact(nb * bb).enumerate() {
             let lane = (r % rows16::ROWS) * 4;
@@ -314,17 +303,9 @@ impl Packed {
         }))
     }
 
-    /// Build from rows given as unsigned codes (`nbp·32`; Q8_0 as code + 128, the others as
-    /// stored), f16 scales and mins or second-half scales (`nbp` each; Q4_K: its scale-min byte
-    /// pairs and super-block scales, [`Kind::Q4K`]); `row` fills them for row r (pad blocks are
-    /// left zero, byte codes 128).
-    pub(super) fn from_rows(
-        kind: Kind,
-        layout: Layout,
-        rows: usize,
-        cols: usize,
-        mut row: impl FnMut(usize, &mut [u8], &mut [u16], &mut [u16]),
-    ) -> Packed {
+    /// An all-zero matrix of `rows` × `cols` (a multiple of 32) in `layout`: blocks padded to an
+    /// even count, rows (Rows16) to whole 16-row groups.
+    fn zeroed(kind: Kind, layout: Layout, rows: usize, cols: usize) -> Packed {
         let nb = cols / BLOCK;
         let nbp = nb + nb % 2;
         let stored_rows = if layout == Layout::Rows16 { rows.next_multiple_of(rows16::ROWS) } else { rows };
@@ -339,8 +320,23 @@ impl Packed {
             m: if kind.has_m() { vec![0u16; stored_rows * kind.m_per_row(nbp)] } else { Vec::new() },
             pair: Default::default(),
         };
-        let per_row = p.row_qs();
-        p.qs = vec![0u8; stored_rows * per_row];
+        p.qs = vec![0u8; stored_rows * p.row_qs()];
+        p
+    }
+
+    /// Build from rows given as unsigned codes (`nbp·32`; Q8_0 as code + 128, the others as
+    /// stored), f16 scales and mins or second-half scales (`nbp` each; Q4_K: its scale-min byte
+    /// pairs and super-block scales, [`Kind::Q4K`]); `row` fills them for row r (pad blocks are
+    /// left zero, byte codes 128).
+    pub(super) fn from_rows(
+        kind: Kind,
+        layout: Layout,
+        rows: usize,
+        cols: usize,
+        mut row: impl FnMut(usize, &mut [u8], &mut [u16], &mut [u16]),
+    ) -> Packed {
+        let mut p = Self::zeroed(kind, layout, rows, cols);
+        let (nbp, per_row) = (p.nbp, p.row_qs());
         let mut codes = vec![0u8; nbp * BLOCK];
         let (mut d, mut m) = (vec![0u16; nbp], vec![0u16; nbp]);
         for r in 0..rows {
