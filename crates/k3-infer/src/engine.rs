@@ -94,9 +94,29 @@ impl Engine {
     }
 
     /// One decode step for several sequences at once: each gets its next token, and its logits
-    /// [V] come back in the same order.
+    /// [V] come back in the same order. The sequences go through the model together
+    /// ([`Model::forward_batch`]: each weight read once for all of them). A sequence may appear
+    /// once per step; on any error no sequence has moved.
     pub fn step(&mut self, batch: &[(SeqId, u32)]) -> Result<Vec<Vec<f32>>> {
-        batch.iter().map(|&(id, tok)| self.feed(id, &[tok], Logits::Last)).collect()
+        let Engine { model, seqs } = self;
+        let mut slots: Vec<Option<&mut Seq>> = seqs.iter_mut().map(Option::as_mut).collect();
+        let mut picked = Vec::with_capacity(batch.len());
+        for &(id, _) in batch {
+            match slots.get_mut(id.0).map(Option::take) {
+                Some(Some(seq)) => picked.push(seq),
+                _ if batch.iter().filter(|(other, _)| *other == id).count() > 1 => {
+                    return Err(Error::Invalid(format!("sequence {id:?} appears more than once in one step")))
+                }
+                _ => return Err(Error::Invalid(format!("sequence {id:?} does not exist"))),
+            }
+        }
+        let tokens: Vec<u32> = batch.iter().map(|&(_, tok)| tok).collect();
+        let mut states: Vec<&mut SeqState> = picked.iter_mut().map(|s| &mut s.state).collect();
+        let out = model.forward_batch(&tokens, &mut states)?;
+        for (seq, &tok) in picked.iter_mut().zip(&tokens) {
+            seq.tokens.push(tok);
+        }
+        Ok(out)
     }
 
     /// Prefill `prompt` into a sequence and sample up to `max_new` tokens, streaming each token id

@@ -85,8 +85,13 @@ impl Kda {
     }
 
     pub fn new_state(&self) -> KdaState {
-        let w = self.h * self.kd;
-        KdaState { conv: vec![0.0; 3 * (self.kc - 1) * w], s: vec![0.0; self.h * self.kd * self.kd] }
+        let (conv, s) = self.state_lens();
+        KdaState { conv: vec![0.0; conv], s: vec![0.0; s] }
+    }
+
+    /// Values of a state's conv tails and delta-rule state.
+    pub fn state_lens(&self) -> (usize, usize) {
+        (3 * (self.kc - 1) * self.h * self.kd, self.h * self.kd * self.kd)
     }
 
     /// # Shapes
@@ -175,14 +180,26 @@ impl Kda {
     /// # Shapes
     /// x: [1, C] → [1, C]
     fn decode(&self, x: &[f32], st: &mut KdaState, cx: Compute) -> Vec<f32> {
-        let (h, kd, kc) = (self.h, self.kd, self.kc);
+        self.decode_batch(x, &mut [st], cx)
+    }
+
+    /// One token for each of B sequences (a batched decode step): [`Self::decode`] with the
+    /// products taken over all B rows at once, so each weight is read once for the batch, and
+    /// one heads job over every (sequence, head) pair, each against its own sequence's state.
+    /// Row b is the arithmetic of [`Self::decode`] on that row alone, but for the products'
+    /// accumulation order when B > 1 (the multi-token kernels).
+    ///
+    /// # Shapes
+    /// x: [B, C] → [B, C]; states: B, state b advanced by row b
+    pub fn decode_batch(&self, x: &[f32], states: &mut [&mut KdaState], cx: Compute) -> Vec<f32> {
+        let (h, kd, kc, nb) = (self.h, self.kd, self.kc, states.len());
         let w = h * kd;
         let gate_in = match &self.gate {
             OutGate::LowRank { a, .. } => a,
             OutGate::Full(gm) => gm,
         };
         let [q, k, v, fa, beta, gate_a]: [Vec<f32>; 6] =
-            Matrix::apply_many(&[&self.q, &self.k, &self.v, &self.f_a, &self.b, gate_in], x, 1, cx)
+            Matrix::apply_many(&[&self.q, &self.k, &self.v, &self.f_a, &self.b, gate_in], x, nb, cx)
                 .try_into()
                 .expect("six products");
         // f_b and the low-rank gate's b: their rows c are head hh's channels, so when both take
@@ -203,28 +220,36 @@ impl Kda {
             (Some(_), OutGate::LowRank { b, .. }) => {
                 for (m, x) in [(&self.f_b, &fa), (b, &gate_a)] {
                     if let Some(n) = &m.name {
-                        crate::calib::record(n, x, 1, kd);
+                        crate::calib::record(n, x, nb, kd);
                     }
                 }
-                (Vec::new(), Vec::new(), Some((QActs::quantize(&fa, 1, kd), QActs::quantize(&gate_a, 1, kd))))
+                // Each sequence's rows quantized on their own (a row's blocks are its own).
+                let rows =
+                    |m: &[f32]| -> Vec<QActs> { m.chunks_exact(kd).map(|r| QActs::quantize(r, 1, kd)).collect() };
+                (Vec::new(), Vec::new(), Some((rows(&fa), rows(&gate_a))))
             }
-            (_, OutGate::LowRank { b, .. }) => (self.f_b.apply(&fa, 1, cx), b.apply(&gate_a, 1, cx), None),
-            (_, OutGate::Full(_)) => (self.f_b.apply(&fa, 1, cx), gate_a, None),
+            (_, OutGate::LowRank { b, .. }) => (self.f_b.apply(&fa, nb, cx), b.apply(&gate_a, nb, cx), None),
+            (_, OutGate::Full(_)) => (self.f_b.apply(&fa, nb, cx), gate_a, None),
         };
         let reference = ops::reference_arithmetic();
         let isa = Isa::best();
         let hist = (kc - 1) * w;
-        let mut normed = vec![0f32; w];
-        let (tail, s, out) = (SendPtr(st.conv.as_mut_ptr()), SendPtr(st.s.as_mut_ptr()), SendPtr(normed.as_mut_ptr()));
-        let threads = if h * kd * kd < 1 << 14 { 1 } else { cx.threads };
-        let head = |hh: usize| {
+        let mut normed = vec![0f32; nb * w];
+        let tails: Vec<SendPtr<f32>> = states.iter_mut().map(|st| SendPtr(st.conv.as_mut_ptr())).collect();
+        let ss: Vec<SendPtr<f32>> = states.iter_mut().map(|st| SendPtr(st.s.as_mut_ptr())).collect();
+        let out = SendPtr(normed.as_mut_ptr());
+        let threads = if nb * h * kd * kd < 1 << 14 { 1 } else { cx.threads };
+        // Unit u is head u % H of sequence u / H.
+        let head = |u: usize| {
+            let (b, hh) = (u / h, u % h);
             let c = hh * kd..(hh + 1) * kd;
-            // SAFETY: head hh alone touches channels c of the three conv tails ([Kc − 1, W] each),
-            // its state rows [hh·K·K, (hh+1)·K·K) and its outputs c of `normed`.
+            let row = b * w..(b + 1) * w;
+            // SAFETY: unit (b, hh) alone touches channels c of sequence b's three conv tails
+            // ([Kc − 1, W] each), its state rows [hh·K·K, (hh+1)·K·K) and outputs b·W + c.
             let (sh, nh) = unsafe {
                 (
-                    std::slice::from_raw_parts_mut(s.get().add(hh * kd * kd), kd * kd),
-                    std::slice::from_raw_parts_mut(out.get().add(c.start), kd),
+                    std::slice::from_raw_parts_mut(ss[b].get().add(hh * kd * kd), kd * kd),
+                    std::slice::from_raw_parts_mut(out.get().add(b * w + c.start), kd),
                 )
             };
             let mut buf = vec![0f32; 6 * kd];
@@ -233,8 +258,18 @@ impl Kda {
             let (oh, gate_h) = rest.split_at_mut(kd);
             for (p, (part, xin)) in qkv.chunks_exact_mut(kd).zip([&q, &k, &v]).enumerate() {
                 let taps = &self.conv_w[p * w * kc..(p + 1) * w * kc];
-                // SAFETY: tail part p is [Kc − 1, W] at p·hist; channels c are this task's.
-                unsafe { conv::short_conv_silu_step(part, xin, taps, tail.get().add(p * hist), w, kc, c.start) };
+                // SAFETY: tail part p is [Kc − 1, W] at p·hist; channels c are this unit's.
+                unsafe {
+                    conv::short_conv_silu_step(
+                        part,
+                        &xin[row.clone()],
+                        taps,
+                        tails[b].get().add(p * hist),
+                        w,
+                        kc,
+                        c.start,
+                    )
+                };
             }
             let (qh, rest) = qkv.split_at_mut(kd);
             let (kh, vh) = rest.split_at_mut(kd);
@@ -246,27 +281,28 @@ impl Kda {
                 }
             }
             if let (Some((fp, gp)), Some((fq, gq))) = (in_heads, &acts) {
-                for (p, a, y) in [(fp, fq, &mut *gh), (gp, gq, &mut *gate_h)] {
+                for (p, a, y) in [(fp, &fq[b], &mut *gh), (gp, &gq[b], &mut *gate_h)] {
                     // SAFETY: y holds the K outputs of rows c (one token); p's rows c exist.
                     let out = OutMat { ptr: y.as_mut_ptr(), rs: 1, cs: kd };
                     unsafe { gemm_rows_out(isa, p, a, c.start, c.end, out) };
                 }
             } else {
-                gh.copy_from_slice(&g[c.clone()]);
-                gate_h.copy_from_slice(&gate[c]);
+                gh.copy_from_slice(&g[b * w + c.start..b * w + c.end]);
+                gate_h.copy_from_slice(&gate[b * w + c.start..b * w + c.end]);
             }
             self.decay_gate(hh, gh, reference);
-            core::kda_step_head(isa, oh, qh, kh, vh, gh, ops::sigmoid(beta[hh]), sh);
+            core::kda_step_head(isa, oh, qh, kh, vh, gh, ops::sigmoid(beta[b * h + hh]), sh);
             self.gated_norm(nh, oh, gate_h, reference);
         };
-        // One task a thread over consecutive heads: each thread's states (and conv taps and
+        // One task a thread over consecutive units: each thread's states (and conv taps and
         // tails) are then one run of memory, which its prefetchers follow from head to head.
         // With a task a head from the shared counter, the two threads took alternate heads: on
         // the Zen 4 host, decode in one process alternating the two every 16 tokens was 2–8%
         // slower that way (scripts/experiments/decode-phases, fifteenth session).
-        let tasks = threads.clamp(1, h);
-        threads::Pool::global().run(threads, tasks, &|i| (i * h / tasks..(i + 1) * h / tasks).for_each(&head));
-        self.o.apply(&normed, 1, cx)
+        let units = nb * h;
+        let tasks = threads.clamp(1, units);
+        threads::Pool::global().run(threads, tasks, &|i| (i * units / tasks..(i + 1) * units / tasks).for_each(&head));
+        self.o.apply(&normed, nb, cx)
     }
 
     /// Head hh's forget gate in place, from `f_b`'s output: `−a·softplus(g + dt_bias)` (or the

@@ -25,6 +25,13 @@ pub enum Ffn {
     Moe(Moe),
 }
 
+/// The sequences one pass through the stack advances: one sequence (T tokens), or B sequences
+/// with one token each (a batched decode step), each as its per-layer states.
+enum Seqs<'a, 'b> {
+    One(&'a mut [LayerState]),
+    Batch(&'a mut [&'b mut [LayerState]]),
+}
+
 /// Per-layer state of one sequence.
 #[derive(Debug, Clone)]
 pub enum LayerState {
@@ -151,13 +158,51 @@ impl KimiModel {
             .collect()
     }
 
-    fn mixer(&self, b: &Block, x: &[f32], t: usize, st: &mut LayerState, cx: Compute) -> Vec<f32> {
+    /// Whether `state` is a state of this model: one entry a layer, each of the layer's kind,
+    /// KDA states of this model's sizes and MLA caches of whole rows.
+    pub fn state_fits(&self, state: &[LayerState]) -> bool {
+        state.len() == self.blocks.len()
+            && self.blocks.iter().zip(state).all(|(b, st)| match (&b.mixer, st) {
+                (Mixer::Kda(k), LayerState::Kda(s)) => (s.conv.len(), s.s.len()) == k.state_lens(),
+                (Mixer::Mla(m), LayerState::Mla(c)) => c.len() % m.cache_width() == 0,
+                _ => false,
+            })
+    }
+
+    /// One layer's mixer on its input norm, for one sequence of T tokens or, with
+    /// [`Seqs::Batch`], one token of each of B sequences (x: [T or B, C]).
+    fn mixer(&self, b: &Block, x: &[f32], t: usize, seqs: &mut Seqs, layer: usize, cx: Compute) -> Vec<f32> {
         let mut h = vec![0f32; x.len()];
         threads::rmsnorm(&mut h, x, &b.norm_in, self.cfg.rms_norm_eps as f32, cx.threads);
-        match (&b.mixer, st) {
-            (Mixer::Kda(k), LayerState::Kda(s)) => k.forward(&h, t, s, cx),
-            (Mixer::Mla(m), LayerState::Mla(c)) => m.forward(&h, t, c, cx),
-            _ => unreachable!("state kinds are created from the same layer list"),
+        match (&b.mixer, seqs) {
+            (Mixer::Kda(k), Seqs::One(st)) => match &mut st[layer] {
+                LayerState::Kda(s) => k.forward(&h, t, s, cx),
+                LayerState::Mla(_) => unreachable!("state kinds are created from the same layer list"),
+            },
+            (Mixer::Mla(m), Seqs::One(st)) => match &mut st[layer] {
+                LayerState::Mla(c) => m.forward(&h, t, c, cx),
+                LayerState::Kda(_) => unreachable!("state kinds are created from the same layer list"),
+            },
+            (Mixer::Kda(k), Seqs::Batch(sts)) => {
+                let mut states: Vec<&mut KdaState> = sts
+                    .iter_mut()
+                    .map(|st| match &mut st[layer] {
+                        LayerState::Kda(s) => s,
+                        LayerState::Mla(_) => unreachable!("state kinds are created from the same layer list"),
+                    })
+                    .collect();
+                k.decode_batch(&h, &mut states, cx)
+            }
+            (Mixer::Mla(m), Seqs::Batch(sts)) => {
+                let mut caches: Vec<&mut crate::kv::KvRows> = sts
+                    .iter_mut()
+                    .map(|st| match &mut st[layer] {
+                        LayerState::Mla(c) => c,
+                        LayerState::Kda(_) => unreachable!("state kinds are created from the same layer list"),
+                    })
+                    .collect();
+                m.decode_batch(&h, &mut caches, cx)
+            }
         }
     }
 
@@ -173,6 +218,21 @@ impl KimiModel {
     /// Run `tokens` through the stack, advancing `state`; returns the final-norm hidden states
     /// [T, C] (the caller applies the head to the rows it needs).
     pub fn hidden(&self, tokens: &[u32], state: &mut [LayerState], cx: Compute) -> Vec<f32> {
+        self.run(tokens, &mut Seqs::One(state), cx)
+    }
+
+    /// One decode step of B sequences at once: token b goes to sequence b (`states[b]`, its
+    /// layer states). Every product reads its weights once for the whole batch; the KDA heads
+    /// and MLA attention run per sequence on its own state. Returns the final-norm hidden
+    /// states [B, C], row b sequence b's.
+    pub fn hidden_batch(&self, tokens: &[u32], states: &mut [&mut [LayerState]], cx: Compute) -> Vec<f32> {
+        assert_eq!(tokens.len(), states.len(), "one token per sequence");
+        self.run(tokens, &mut Seqs::Batch(states), cx)
+    }
+
+    /// The stack over rows x [T, C]: T tokens of one sequence, or one token of each of B
+    /// sequences. Everything between the mixers is per row (norms, FFN, AttnRes across depth).
+    fn run(&self, tokens: &[u32], seqs: &mut Seqs, cx: Compute) -> Vec<f32> {
         let d = self.cfg.hidden_size;
         let t = tokens.len();
         let eps = self.cfg.rms_norm_eps as f32;
@@ -182,8 +242,8 @@ impl KimiModel {
         }
         let h = match self.cfg.attn_res_block_size {
             None => {
-                for (b, st) in self.blocks.iter().zip(state.iter_mut()) {
-                    let a = self.mixer(b, &x, t, st, cx);
+                for (i, b) in self.blocks.iter().enumerate() {
+                    let a = self.mixer(b, &x, t, seqs, i, cx);
                     ops::axpy(&mut x, 1.0, &a);
                     let m = self.ffn(b, &x, t, cx);
                     ops::axpy(&mut x, 1.0, &m);
@@ -193,7 +253,7 @@ impl KimiModel {
             Some(block) => {
                 let mut bank: Vec<Vec<f32>> = Vec::new();
                 let mut prefix = Some(x);
-                for (i, (b, st)) in self.blocks.iter().zip(state.iter_mut()).enumerate() {
+                for (i, b) in self.blocks.iter().enumerate() {
                     let (attn_score, mlp_score) = b.res.as_ref().expect("AttnRes scores loaded with the block size");
                     let cur = prefix.take().expect("prefix between layers");
                     let mixed = if bank.is_empty() { cur.clone() } else { attn_res_mix(&cur, &bank, attn_score, eps) };
@@ -203,7 +263,7 @@ impl KimiModel {
                     } else {
                         Some(cur)
                     };
-                    let a = self.mixer(b, &mixed, t, st, cx);
+                    let a = self.mixer(b, &mixed, t, seqs, i, cx);
                     let mut cur = match cur {
                         Some(mut c) => {
                             ops::axpy(&mut c, 1.0, &a);

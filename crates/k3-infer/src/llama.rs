@@ -92,8 +92,28 @@ impl LlamaModel {
         }
     }
 
+    /// Whether `state` is a state of this model: a cache a layer, of whole rows.
+    pub fn state_fits(&self, state: &[KvCache]) -> bool {
+        let w = self.cfg.num_key_value_heads * self.cfg.head_dim;
+        state.len() == self.layers.len() && state.iter().all(|c| c.k.len() % w == 0 && c.k.len() == c.v.len())
+    }
+
     /// Final-norm hidden states [T, C] for `tokens`, advancing the cache.
     pub fn hidden(&self, tokens: &[u32], state: &mut [KvCache], cx: Compute) -> Vec<f32> {
+        self.run(tokens, &mut [state], false, cx)
+    }
+
+    /// One decode step of B sequences at once: token b goes to sequence b (`states[b]`, its
+    /// layers' caches). The products read their weights once for the batch; each row attends
+    /// to its own sequence's cache. Returns the final-norm hidden states [B, C].
+    pub fn hidden_batch(&self, tokens: &[u32], states: &mut [&mut [KvCache]], cx: Compute) -> Vec<f32> {
+        assert_eq!(tokens.len(), states.len(), "one token per sequence");
+        self.run(tokens, states, true, cx)
+    }
+
+    /// The stack over rows [T, C]: `batch` false, T tokens of the one sequence `seqs[0]`; true,
+    /// token b of sequence `seqs[b]`.
+    fn run(&self, tokens: &[u32], seqs: &mut [&mut [KvCache]], batch: bool, cx: Compute) -> Vec<f32> {
         let c = &self.cfg;
         let (d, hd, hq, hkv) = (c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads);
         let eps = c.rms_norm_eps as f32;
@@ -103,29 +123,21 @@ impl LlamaModel {
             self.embed.row_into(tok as usize, &mut x[r * d..(r + 1) * d]);
         }
         let mut h = vec![0f32; t * d];
-        for (l, cache) in self.layers.iter().zip(state.iter_mut()) {
+        for (i, l) in self.layers.iter().enumerate() {
             threads::rmsnorm(&mut h, &x, &l.norm_in, eps, cx.threads);
-            let past = cache.k.len() / (hkv * hd);
             let [mut q, mut k, v]: [Vec<f32>; 3] =
                 Matrix::apply_many(&[&l.q, &l.k, &l.v], &h, t, cx).try_into().expect("three products");
-            self.rope(&mut q, hq, past);
-            self.rope(&mut k, hkv, past);
-            // llama.cpp's K/V cache is f16; outside exact mode hold the same.
-            cache.k.push(&k, !cx.exact);
-            cache.v.push(&v, !cx.exact);
-            let mut att = vec![0f32; t * hq * hd];
-            attention::gqa_attend(
-                &mut att,
-                &q,
-                cache.k.rows(),
-                cache.v.rows(),
-                hq,
-                hkv,
-                hd,
-                past,
-                !cx.exact,
-                cx.threads,
-            );
+            let att = if batch {
+                let (qw, kw) = (hq * hd, hkv * hd);
+                let mut att = Vec::with_capacity(t * qw);
+                for (b, seq) in seqs.iter_mut().enumerate() {
+                    let (qb, kb) = (&mut q[b * qw..(b + 1) * qw], &mut k[b * kw..(b + 1) * kw]);
+                    att.extend(self.attend(qb, kb, &v[b * kw..(b + 1) * kw], 1, &mut seq[i], cx));
+                }
+                att
+            } else {
+                self.attend(&mut q, &mut k, &v, t, &mut seqs[0][i], cx)
+            };
             let o = l.o.apply(&att, t, cx);
             ops::axpy(&mut x, 1.0, &o);
             threads::rmsnorm(&mut h, &x, &l.norm_post, eps, cx.threads);
@@ -134,6 +146,25 @@ impl LlamaModel {
         }
         threads::rmsnorm(&mut h, &x, &self.norm, eps, cx.threads);
         h
+    }
+
+    /// RoPE on T new rows of one sequence at its next positions, appended to its cache, then
+    /// attended (causal).
+    ///
+    /// # Shapes
+    /// q: [T, Hq·D], k, v: [T, Hkv·D] → [T, Hq·D]
+    fn attend(&self, q: &mut [f32], k: &mut [f32], v: &[f32], t: usize, cache: &mut KvCache, cx: Compute) -> Vec<f32> {
+        let c = &self.cfg;
+        let (hd, hq, hkv) = (c.head_dim, c.num_attention_heads, c.num_key_value_heads);
+        let past = cache.k.len() / (hkv * hd);
+        self.rope(q, hq, past);
+        self.rope(k, hkv, past);
+        // llama.cpp's K/V cache is f16; outside exact mode hold the same.
+        cache.k.push(k, !cx.exact);
+        cache.v.push(v, !cx.exact);
+        let mut att = vec![0f32; t * hq * hd];
+        attention::gqa_attend(&mut att, q, cache.k.rows(), cache.v.rows(), hq, hkv, hd, past, !cx.exact, cx.threads);
+        att
     }
 
     pub fn lm_head(&self) -> &Matrix {

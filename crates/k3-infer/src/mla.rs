@@ -143,11 +143,55 @@ impl Mla {
     /// # Shapes
     /// x: [T, C] (after `input_layernorm`); cache: [S, R + Dr] (grows by T) → [T, C]
     pub fn forward(&self, x: &[f32], t: usize, cache: &mut KvRows, cx: Compute) -> Vec<f32> {
-        let (h, dn, dr, dv, r) = (self.h, self.dn, self.dr, self.dv, self.r);
-        let qk = dn + dr;
+        let (q, ckv, gate_v) = self.project(x, t, cx);
+        let att = self.attend(&q, &ckv, t, cache, cx);
+        self.output(att, gate_v, t, cx)
+    }
+
+    /// One token for each of B sequences (a batched decode step): the projections and o_proj
+    /// over all B rows at once (each weight read once for the batch), W_uk and W_uv as one
+    /// product each over the B rows, and each row attending to its own sequence's cache.
+    ///
+    /// # Shapes
+    /// x: [B, C]; caches: B, cache b [S_b, R + Dr] (grows by one row) → [B, C]
+    pub fn decode_batch(&self, x: &[f32], caches: &mut [&mut KvRows], cx: Compute) -> Vec<f32> {
+        let nb = caches.len();
+        let (q, ckv, gate_v) = self.project(x, nb, cx);
+        let (qw, cw) = (self.h * (self.dn + self.dr), self.r + self.dr);
+        let att = if cx.exact {
+            // The reference, a sequence at a time.
+            let mut att = Vec::with_capacity(nb * self.h * self.dv);
+            for (b, cache) in caches.iter_mut().enumerate() {
+                att.extend(self.attend(&q[b * qw..(b + 1) * qw], &ckv[b * cw..(b + 1) * cw], 1, cache, cx));
+            }
+            att
+        } else {
+            for (b, cache) in caches.iter_mut().enumerate() {
+                cache.push(&ckv[b * cw..(b + 1) * cw], true);
+            }
+            let scale = self.scale();
+            let (h, r, dr) = (self.h, self.r, self.dr);
+            self.latent_attend(&q, nb, 1, cx, |b, _, qb, lat| {
+                let past = caches[b].len() / cw - 1;
+                attention::mla_attend_block(lat, qb, caches[b].rows(), h, r, dr, past, scale, true, cx.threads);
+            })
+        };
+        self.output(att, gate_v, nb, cx)
+    }
+
+    fn scale(&self) -> f32 {
+        1.0 / ((self.dn + self.dr) as f32).sqrt()
+    }
+
+    /// The projections of x at once (one activation quantization, one pool job): q (through
+    /// its LoRA when there is one), the latent rows `[RMSNorm(c_kv) ; k_r]` (k_r shared by all
+    /// heads, no rotary: NoPE) and the output gate's input.
+    ///
+    /// # Shapes
+    /// x: [T, C] → q [T, H·(Dn+Dr)], ckv [T, R + Dr], gate [T, H·Dv]
+    fn project(&self, x: &[f32], t: usize, cx: Compute) -> (Vec<f32>, Vec<f32>, Option<Vec<f32>>) {
+        let (r, dr) = (self.r, self.dr);
         let latent_eps = if cx.exact { LATENT_EPS } else { self.eps };
-        // The projections of x at once (one activation quantization, one pool job): q (or its
-        // LoRA down-projection), kv_a, and the output gate.
         let q_in = match &self.q {
             QProj::Plain(m) => m,
             QProj::Lora { a, .. } => a,
@@ -168,16 +212,40 @@ impl Mla {
             }
         }; // [T, H·(Dn+Dr)]
         add_bias(&mut ckv, &self.kv_a_bias);
-        let past = cache.len() / (r + dr);
-        // Rows [RMSNorm(c_kv) ; k_r] (k_r: shared by all heads, no rotary: NoPE), in f16 as
-        // llama.cpp keeps this cache, or f32 in the exact mode.
         for row in ckv.chunks_exact_mut(r + dr) {
             let c = row[..r].to_vec();
             ops::rmsnorm(&mut row[..r], &c, &self.kv_norm, latent_eps);
         }
-        cache.push(&ckv, !cx.exact);
+        (q, ckv, gate_v)
+    }
+
+    /// The output gate (from the mixer input) and o_proj.
+    ///
+    /// # Shapes
+    /// att: [T, H·Dv] → [T, C]
+    fn output(&self, mut att: Vec<f32>, gate_v: Option<Vec<f32>>, t: usize, cx: Compute) -> Vec<f32> {
+        if let Some(gv) = gate_v {
+            for (a, b) in att.iter_mut().zip(&gv) {
+                *a *= ops::sigmoid(*b);
+            }
+        }
+        let mut y = self.o.apply(&att, t, cx);
+        add_bias(&mut y, &self.o_bias);
+        y
+    }
+
+    /// Append T latent rows to one sequence's cache, then attend its T queries to it (causal).
+    /// Rows in f16 as llama.cpp keeps this cache, or f32 in the exact mode.
+    ///
+    /// # Shapes
+    /// q: [T, H·(Dn+Dr)], ckv: [T, R + Dr]; cache: [S, R + Dr] → [T, H·Dv]
+    fn attend(&self, q: &[f32], ckv: &[f32], t: usize, cache: &mut KvRows, cx: Compute) -> Vec<f32> {
+        let (h, dn, dr, dv, r) = (self.h, self.dn, self.dr, self.dv, self.r);
+        let qk = dn + dr;
+        let past = cache.len() / (r + dr);
+        cache.push(ckv, !cx.exact);
         let cache = cache.rows();
-        let scale = 1.0 / (qk as f32).sqrt();
+        let scale = self.scale();
         let mut att = vec![0f32; t * h * dv];
         if cx.exact {
             // The reference: one query at a time, heads against the cache one after another.
@@ -254,56 +322,57 @@ impl Mla {
                 }
             }
         } else {
-            // q̃ = W_ukᵀ q_nope for every token of a head at once: [T, Dn] · k_bᵀ → [T, R].
-            let qabs = per_head_products(&self.k_b, h, &q, t, qk, cx); // [H, T, R]
+            // Blocks of up to 16 queries, all heads at once, against the latent cache in one pass.
+            att = self.latent_attend(q, t, 16, cx, |_, t0, qb, lat| {
+                attention::mla_attend_block(lat, qb, cache, h, r, dr, past + t0, scale, true, cx.threads);
+            });
+        }
+        att
+    }
 
-            // Blocks of queries, all heads at once: [nq, H, R + Dr] rows `[q̃ ; q_r]` against the
-            // latent cache in one pass (attention::mla_attend_block).
-            const QB: usize = 16;
-            let mut qb = vec![0f32; QB.min(t) * h * (r + dr)]; // one row when decoding
-            let mut lat = vec![0f32; t * h * r]; // [T, H, R]
-            for t0 in (0..t).step_by(QB) {
-                let nq = QB.min(t - t0);
-                for i in 0..nq {
-                    for hh in 0..h {
-                        let dst = (i * h + hh) * (r + dr);
-                        let src = (hh * t + t0 + i) * r;
-                        qb[dst..dst + r].copy_from_slice(&qabs[src..src + r]);
-                        let src = (t0 + i) * h * qk + hh * qk + dn;
-                        qb[dst + r..dst + r + dr].copy_from_slice(&q[src..src + dr]);
-                    }
-                }
-                attention::mla_attend_block(
-                    &mut lat[t0 * h * r..(t0 + nq) * h * r],
-                    &qb[..nq * h * (r + dr)],
-                    cache,
-                    h,
-                    r,
-                    dr,
-                    past + t0,
-                    scale,
-                    true,
-                    cx.threads,
-                );
-            }
-            // The values, per head for every token: [T, R] · v_bᵀ → [T, Dv].
-            let vals = per_head_products(&self.v_b, h, &lat, t, r, cx); // [H, T, Dv]
-            for hh in 0..h {
-                for tt in 0..t {
-                    let (row, src) = (tt * h + hh, (hh * t + tt) * dv);
-                    att[row * dv..(row + 1) * dv].copy_from_slice(&vals[src..src + dv]);
+    /// Attention in latent space for T query rows: q̃ = W_ukᵀ q_nope for every row of a head at
+    /// once, then blocks of up to `qb_rows` rows `[q̃ ; q_r]`, all heads at once, handed to
+    /// `attend(block, t0, qb, lat)` (rows t0.., [nq, H, R + Dr] → [nq, H, R]) against whatever
+    /// cache those rows see, then the values per head for every row through W_uv.
+    ///
+    /// # Shapes
+    /// q: [T, H·(Dn+Dr)] → [T, H·Dv]
+    fn latent_attend(
+        &self,
+        q: &[f32],
+        t: usize,
+        qb_rows: usize,
+        cx: Compute,
+        mut attend: impl FnMut(usize, usize, &[f32], &mut [f32]),
+    ) -> Vec<f32> {
+        let (h, dn, dr, dv, r) = (self.h, self.dn, self.dr, self.dv, self.r);
+        let qk = dn + dr;
+        let qabs = per_head_products(&self.k_b, h, q, t, qk, cx); // [H, T, R]
+        let mut qb = vec![0f32; qb_rows.min(t) * h * (r + dr)]; // one row when decoding
+        let mut lat = vec![0f32; t * h * r]; // [T, H, R]
+        for (block, t0) in (0..t).step_by(qb_rows).enumerate() {
+            let nq = qb_rows.min(t - t0);
+            for i in 0..nq {
+                for hh in 0..h {
+                    let dst = (i * h + hh) * (r + dr);
+                    let src = (hh * t + t0 + i) * r;
+                    qb[dst..dst + r].copy_from_slice(&qabs[src..src + r]);
+                    let src = (t0 + i) * h * qk + hh * qk + dn;
+                    qb[dst + r..dst + r + dr].copy_from_slice(&q[src..src + dr]);
                 }
             }
+            attend(block, t0, &qb[..nq * h * (r + dr)], &mut lat[t0 * h * r..(t0 + nq) * h * r]);
         }
-        if let Some(gv) = gate_v {
-            // gate from the mixer input
-            for (a, b) in att.iter_mut().zip(&gv) {
-                *a *= ops::sigmoid(*b);
+        // The values, per head for every row: [T, R] · v_bᵀ → [T, Dv].
+        let vals = per_head_products(&self.v_b, h, &lat, t, r, cx); // [H, T, Dv]
+        let mut att = vec![0f32; t * h * dv];
+        for hh in 0..h {
+            for tt in 0..t {
+                let (row, src) = (tt * h + hh, (hh * t + tt) * dv);
+                att[row * dv..(row + 1) * dv].copy_from_slice(&vals[src..src + dv]);
             }
         }
-        let mut y = self.o.apply(&att, t, cx);
-        add_bias(&mut y, &self.o_bias);
-        y
+        att
     }
 }
 

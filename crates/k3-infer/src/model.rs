@@ -110,6 +110,15 @@ impl Model {
         SeqState { pos: 0, layers }
     }
 
+    /// Whether `st` is a state of this model (its family, layer count and kinds, and sizes).
+    pub fn state_fits(&self, st: &SeqState) -> bool {
+        match (&self.net, &st.layers) {
+            (Net::Kimi(m), SeqLayers::Kimi(ls)) => m.state_fits(ls),
+            (Net::Llama(m), SeqLayers::Llama(ls)) => m.state_fits(ls),
+            _ => false,
+        }
+    }
+
     /// Feed `tokens` to a sequence and return logits ([V] for `Last`, [T, V] for `All`).
     /// Errors (and leaves the state untouched) on an out-of-vocabulary id or when the sequence
     /// would exceed the context.
@@ -127,6 +136,9 @@ impl Model {
                 st.pos + tokens.len(),
                 self.n_ctx
             )));
+        }
+        if !self.state_fits(st) {
+            return Err(Error::Invalid("a sequence state from another model was passed".into()));
         }
         // Long inputs go through the layers PREFILL_CHUNK tokens at a time: activations stay
         // bounded (a 32K prompt in one pass would hold ~0.7 GB of FFN intermediates at the bench
@@ -152,5 +164,76 @@ impl Model {
             }
         }
         Ok(logits)
+    }
+
+    /// One decode step of several sequences at once: `tokens[b]` goes to `states[b]`, and
+    /// sequence b's next-token logits [V] come back in place b. Every weight is read once for
+    /// the whole batch (the products take the B rows as B tokens), while each sequence's KDA
+    /// state, MLA latent cache or KV cache is its own; so B sequences cost little more than one
+    /// while decoding is bound by the weights' reads. Each row is what [`Self::forward`] gives
+    /// that sequence alone up to the products' accumulation order (the multi-token kernels).
+    /// Errors, leaving every state untouched, on an out-of-vocabulary id, a sequence at the
+    /// context limit, a state from another model, or a count mismatch.
+    pub fn forward_batch(&self, tokens: &[u32], states: &mut [&mut SeqState]) -> Result<Vec<Vec<f32>>> {
+        if tokens.len() != states.len() {
+            return Err(Error::Invalid(format!(
+                "{} tokens for {} sequences: a batched step takes one each",
+                tokens.len(),
+                states.len()
+            )));
+        }
+        if tokens.is_empty() {
+            return Ok(Vec::new());
+        }
+        if let [st] = states {
+            return Ok(vec![self.forward(tokens, st, Logits::Last)?]);
+        }
+        let v = self.vocab_size();
+        for (b, (&tok, st)) in tokens.iter().zip(states.iter()).enumerate() {
+            if tok as usize >= v {
+                return Err(Error::Invalid(format!(
+                    "sequence {b} of the batch: token id {tok} is outside the vocabulary (vocab_size {v})"
+                )));
+            }
+            if st.pos + 1 > self.n_ctx {
+                return Err(Error::Invalid(format!(
+                    "sequence {b} of the batch already holds {} tokens, the model's context (max_position_embeddings); end it or start a new one",
+                    st.pos
+                )));
+            }
+            if !self.state_fits(st) {
+                return Err(Error::Invalid(format!(
+                    "sequence {b} of the batch: a sequence state from another model was passed"
+                )));
+            }
+        }
+        let nb = tokens.len();
+        let (hidden, head) = match &self.net {
+            Net::Kimi(m) => {
+                let mut ls: Vec<&mut [LayerState]> = states
+                    .iter_mut()
+                    .map(|st| match &mut st.layers {
+                        SeqLayers::Kimi(l) => l.as_mut_slice(),
+                        SeqLayers::Llama(_) => unreachable!("checked above"),
+                    })
+                    .collect();
+                (m.hidden_batch(tokens, &mut ls, self.compute), m.lm_head())
+            }
+            Net::Llama(m) => {
+                let mut ls: Vec<&mut [KvCache]> = states
+                    .iter_mut()
+                    .map(|st| match &mut st.layers {
+                        SeqLayers::Llama(l) => l.as_mut_slice(),
+                        SeqLayers::Kimi(_) => unreachable!("checked above"),
+                    })
+                    .collect();
+                (m.hidden_batch(tokens, &mut ls, self.compute), m.lm_head())
+            }
+        };
+        for st in states.iter_mut() {
+            st.pos += 1;
+        }
+        let logits = head.apply(&hidden, nb, self.compute);
+        Ok(logits.chunks_exact(v).map(<[f32]>::to_vec).collect())
     }
 }

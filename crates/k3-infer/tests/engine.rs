@@ -107,3 +107,29 @@ fn long_prefill_over_decompressed_mla_matches_the_reference() {
     let scale = exact.iter().map(|a| a.abs()).fold(0f32, f32::max);
     assert!(worst <= 2e-3 * scale.max(1.0), "fast prefill differs from the reference by {worst} (logit scale {scale})");
 }
+
+#[test]
+fn batched_steps_refuse_bad_batches_and_move_no_sequence() {
+    let (model, _) = Model::load(&golden("tiny_kimi_linear_dense")).expect("load");
+    let mut e = Engine::new(model);
+    let (a, b) = (e.add_sequence(), e.add_sequence());
+    e.feed(a, &[3, 4, 5], Logits::Last).expect("a");
+    e.feed(b, &[6], Logits::Last).expect("b");
+    let err = e.step(&[(a, 7), (a, 8)]).expect_err("twice").to_string();
+    assert!(err.contains("more than once"), "{err}");
+    let err = e.step(&[(a, 7), (b, 999)]).expect_err("oov").to_string();
+    assert!(err.contains("sequence 1 of the batch") && err.contains("999"), "{err}");
+    e.remove_sequence(b);
+    let err = e.step(&[(a, 7), (b, 8)]).expect_err("removed").to_string();
+    assert!(err.contains("does not exist"), "{err}");
+    assert_eq!(e.tokens(a).expect("a"), &[3, 4, 5], "a failed step moved no sequence");
+    // A sequence state from another model is named too.
+    let (other, _) = Model::load(&golden("tiny_k3")).expect("load");
+    let (m, _) = Model::load(&golden("tiny_kimi_linear_dense")).expect("load");
+    let (mut s0, mut s1) = (m.new_state(), other.new_state());
+    let err = m.forward_batch(&[3, 4], &mut [&mut s0, &mut s1]).expect_err("foreign state").to_string();
+    assert!(err.contains("sequence 1") && err.contains("another model"), "{err}");
+    assert_eq!((s0.pos, s1.pos), (0, 0));
+    let err = m.forward_batch(&[3], &mut [&mut s0, &mut s1]).expect_err("count").to_string();
+    assert!(err.contains("1 tokens for 2 sequences"), "{err}");
+}
