@@ -11,6 +11,9 @@ line on stdout:
     prefill N    a fresh sequence, ids[0:N] as one batch (ubatch 512); {"seconds": s}
     feed LO HI   ids[LO:HI] appended to the sequence (a fresh one if LO is 0), untimed; {"ok": true}
     decode LO HI ids[LO:HI] appended one token at a time; {"seconds": s}
+    batch B N    B fresh sequences decoded together for N steps, one token each a step (one
+                 llama_decode of B tokens, seq_id b, logits for all), from position 0; sequence
+                 b's token at step s is ids[(s*B + b) % len(ids)]; {"seconds": s}
     quit         {"peak_rss_mib": m, "start_rss_mib": s}, then exit (s: the resident set before
                  the model was loaded, with Python and llama_cpp imported)
 The first line out, once the model is loaded, is {"ready": true, "llama_cpp_python": version}.
@@ -59,6 +62,52 @@ def rss_mib(field="VmHWM"):
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 if field == "VmHWM" else float("nan")
 
 
+class Batched:
+    """Batched decoding in a second context of the same loaded model, with room for B sequences
+    (the high-level Llama holds one): its parameters are the Llama's but for n_seq_max and n_ctx,
+    and it is made again when B or the length grows."""
+
+    def __init__(self, llm, ids):
+        self.llm, self.ids, self.ctx, self.shape = llm, ids, None, None
+
+    def context(self, b, n):
+        per_seq = (n + 256) // 256 * 256
+        if self.shape is None or self.shape[0] != b or self.shape[1] < per_seq:
+            if self.ctx is not None:
+                llama_cpp.llama_free(self.ctx)
+            params = type(self.llm.context_params).from_buffer_copy(self.llm.context_params)
+            params.n_seq_max = b
+            params.n_ctx = b * per_seq
+            params.n_batch = max(params.n_batch, b)
+            params.n_ubatch = max(params.n_ubatch, b)
+            self.ctx = llama_cpp.llama_init_from_model(self.llm._model.model, params)
+            if not self.ctx:
+                raise RuntimeError(f"llama_init_from_model failed for {b} sequences of {per_seq}")
+            self.shape = (b, per_seq)
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self.ctx), True)
+        return self.ctx
+
+    def run(self, b, n):
+        ctx = self.context(b, n)
+        batch = llama_cpp.llama_batch_init(b, 0, 1)
+        try:
+            t0 = time.perf_counter()
+            for s in range(n):
+                batch.n_tokens = b
+                for i in range(b):
+                    batch.token[i] = self.ids[(s * b + i) % len(self.ids)]
+                    batch.pos[i] = s
+                    batch.n_seq_id[i] = 1
+                    batch.seq_id[i][0] = i
+                    batch.logits[i] = 1
+                rc = llama_cpp.llama_decode(ctx, batch)
+                if rc != 0:
+                    raise RuntimeError(f"llama_decode returned {rc} at step {s} of a batch of {b}")
+            return time.perf_counter() - t0
+        finally:
+            llama_cpp.llama_batch_free(batch)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
@@ -76,6 +125,7 @@ def main():
     llm = llama_cpp.Llama(model_path=a.model, n_ctx=a.n_ctx, n_threads=a.threads, n_threads_batch=a.threads,
                           n_batch=512, n_ubatch=512, logits_all=False, verbose=False)
     say({"ready": True, "llama_cpp_python": llama_cpp.__version__})
+    batched = Batched(llm, ids)
     for line in sys.stdin:
         cmd, *args = line.split()
         nums = [int(x) for x in args]
@@ -97,6 +147,8 @@ def main():
             for tok in ids[lo:hi]:
                 llm.eval([tok])
             say({"seconds": time.perf_counter() - t0})
+        elif cmd == "batch":
+            say({"seconds": batched.run(*nums)})
         elif cmd == "quit":
             say({"peak_rss_mib": rss_mib(), "start_rss_mib": start})
             return

@@ -31,6 +31,11 @@ pub struct BenchInferArgs {
     /// Context lengths to decode at.
     #[arg(long, default_value = "0,4096,32768")]
     pub decode_ctx: String,
+    /// Batch sizes for batched decode, comma-separated (none by default): for each B, B fresh
+    /// sequences decoded together for `--decode-tokens` steps from context 0, one token each a
+    /// step (each weight read once a step for all of them); aggregate tokens/s.
+    #[arg(long, default_value = "")]
+    pub batch: String,
     /// Tokens timed per decode measurement.
     #[arg(long, default_value_t = 32)]
     pub decode_tokens: usize,
@@ -67,6 +72,15 @@ fn list(s: &str, what: &str) -> Result<Vec<usize>> {
         .filter(|x| !x.trim().is_empty())
         .map(|x| x.trim().parse::<usize>().with_context(|| format!("--{what}: `{x}` is not a number")))
         .collect()
+}
+
+/// The batch sizes of `--batch`, each at least 1.
+fn batch_sizes(a: &BenchInferArgs) -> Result<Vec<usize>> {
+    let b = list(&a.batch, "batch")?;
+    if b.contains(&0) {
+        bail!("--batch: a batch holds at least one sequence (got 0)");
+    }
+    Ok(b)
 }
 
 /// The decode contexts, ascending.
@@ -216,6 +230,8 @@ impl Point {
 struct Measured {
     prefill: Vec<(usize, Point)>,
     decode: Vec<(usize, Point)>,
+    /// Batched decode by batch size (aggregate tokens/s).
+    batch: Vec<(usize, Point)>,
     /// Each decode @0 repeat's tokens/s with the read bandwidth (GB/s) probed just before it.
     paired: Vec<(f64, f64)>,
 }
@@ -320,7 +336,29 @@ fn measure(
         }
         decode.push((c, p));
     }
-    Ok(Measured { prefill, decode, paired })
+    // Batched decode: B fresh sequences, one token each a step, sequence b's token at step s
+    // ids[(s·B + b) mod len] in both engines.
+    let mut batch = Vec::new();
+    for nb in batch_sizes(a)? {
+        let steps = a.decode_tokens;
+        let mut p = Point::default();
+        for r in 0..a.repeat {
+            let ours = || {
+                let mut states: Vec<k3_infer::SeqState> = (0..nb).map(|_| model.new_state()).collect();
+                let t0 = Instant::now();
+                for s in 0..steps {
+                    let toks: Vec<u32> = (0..nb).map(|b| ids[(s * nb + b) % ids.len()]).collect();
+                    let mut refs: Vec<&mut k3_infer::SeqState> = states.iter_mut().collect();
+                    model.forward_batch(&toks, &mut refs)?;
+                }
+                Ok((nb * steps) as f64 / t0.elapsed().as_secs_f64())
+            };
+            let mut theirs = llama.as_deref_mut().map(|l| move || l.batch(nb, steps));
+            p.take(r, ours, theirs.as_mut().map(|f| f as &mut dyn FnMut() -> Result<f64>))?;
+        }
+        batch.push((nb, p));
+    }
+    Ok(Measured { prefill, decode, batch, paired })
 }
 
 pub fn run(a: &BenchInferArgs) -> Result<()> {
@@ -351,6 +389,9 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
         }
         None => None,
     };
+    if !batch_sizes(a)?.is_empty() && a.decode_tokens > model.n_ctx {
+        bail!("--decode-tokens {} is longer than the model's context {}", a.decode_tokens, model.n_ctx);
+    }
     let longest = ids_needed(a)?;
     if longest > model.n_ctx {
         bail!("the benchmark needs {longest} tokens of context, the model allows {}", model.n_ctx);
@@ -383,7 +424,7 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
         None => println!("transparent huge pages: not reported by this system"),
     }
     let mut report = Vec::new();
-    let (mut decode_series, mut prefill_series) = (Vec::new(), Vec::new());
+    let (mut decode_series, mut prefill_series, mut batch_series) = (Vec::new(), Vec::new(), Vec::new());
     let mut llama_rss = Vec::new();
     for &n in &threads {
         // The probes run in child processes, so this process's peak RSS stays the engine's own.
@@ -403,7 +444,8 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
         );
         println!("  {:<22} {:>10} {:>12} {:>8}", "", "ours", "llama.cpp", "ratio");
         let rows = m.prefill.iter().map(|(k, p)| (format!("prefill {k} tok/s"), p));
-        for (label, p) in rows.chain(m.decode.iter().map(|(k, p)| (format!("decode @{k} tok/s"), p))) {
+        let rows = rows.chain(m.decode.iter().map(|(k, p)| (format!("decode @{k} tok/s"), p)));
+        for (label, p) in rows.chain(m.batch.iter().map(|(k, p)| (format!("batch of {k}, tok/s"), p))) {
             match (p.llama(), p.ratio()) {
                 (Some(l), Some(r)) => println!("  {label:<22} {:>10.1} {l:>12.1} {r:>7.2}x", p.ours()),
                 _ => println!("  {label:<22} {:>10.1} {:>12} {:>8}", p.ours(), "-", "-"),
@@ -427,17 +469,20 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
             |pts: &[(usize, Point)]| pts.iter().filter_map(|(k, p)| Some((*k, p.llama()?))).collect::<Vec<_>>();
         decode_series.push((format!("ours, {n} thr"), ours_of(&m.decode)));
         prefill_series.push((format!("ours, {n} thr"), ours_of(&m.prefill)));
+        batch_series.push((format!("ours, {n} thr"), ours_of(&m.batch)));
         let llama_json = version.map(|v| {
             let by_key = |pts: &[(usize, f64)]| {
                 pts.iter().map(|(k, r)| (k.to_string(), json!(r))).collect::<serde_json::Map<_, _>>()
             };
             json!({"prefill": by_key(&llama_of(&m.prefill)), "decode": by_key(&llama_of(&m.decode)),
+                   "batch": by_key(&llama_of(&m.batch)),
                    "peak_rss_mib": rss_llama.map(|r| r.0), "start_rss_mib": rss_llama.map(|r| r.1),
                    "llama_cpp_python": v})
         });
         if llama_json.is_some() {
             decode_series.push((format!("llama.cpp, {n} thr"), llama_of(&m.decode)));
             prefill_series.push((format!("llama.cpp, {n} thr"), llama_of(&m.prefill)));
+            batch_series.push((format!("llama.cpp, {n} thr"), llama_of(&m.batch)));
         }
         let each = |pts: &[(usize, Point)]| -> Value {
             pts.iter()
@@ -451,8 +496,8 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
             "bandwidth_gbs_512mib": bw_mem,
             "bandwidth_gbs_weights_size": bw_same,
             "decode_bound_tok_s": bound,
-            "ours": {"prefill": ours_of(&m.prefill), "decode": ours_of(&m.decode)},
-            "repeats": {"prefill": each(&m.prefill), "decode": each(&m.decode)},
+            "ours": {"prefill": ours_of(&m.prefill), "decode": ours_of(&m.decode), "batch": ours_of(&m.batch)},
+            "repeats": {"prefill": each(&m.prefill), "decode": each(&m.decode), "batch": each(&m.batch)},
             "decode0_paired": m.paired.iter().map(|&(r, b)| json!({"tok_s": r, "bandwidth_gbs": b})).collect::<Vec<_>>(),
             "decode0_bound_fraction_paired": (!fractions.is_empty()).then(|| median(fractions.clone())),
             "llama_cpp": llama_json,
@@ -495,11 +540,14 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
     if let Some(p) = &a.plot {
         let name = a.model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
         k3_plot::write_png(p, &chart(format!("decode speed, {name}"), "context (tokens)", decode_series), 900, 560)?;
-        let pp = p.with_file_name(format!(
-            "{}-prefill.png",
-            p.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()
-        ));
+        let stem = p.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let pp = p.with_file_name(format!("{stem}-prefill.png"));
         k3_plot::write_png(&pp, &chart(format!("prefill speed, {name}"), "prompt (tokens)", prefill_series), 900, 560)?;
+        if batch_series.iter().any(|(_, pts)| !pts.is_empty()) {
+            let pb = p.with_file_name(format!("{stem}-batch.png"));
+            let title = format!("batched decode from context 0, {name} (all sequences' tokens/s)");
+            k3_plot::write_png(&pb, &chart(title, "sequences decoded together", batch_series), 900, 560)?;
+        }
     }
     Ok(())
 }

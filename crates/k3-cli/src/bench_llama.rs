@@ -145,6 +145,12 @@ impl Llama {
         Ok((hi - lo) as f64 / self.seconds(&format!("decode {lo} {hi}"))?)
     }
 
+    /// Aggregate tokens/s of `b` fresh sequences decoded together for `steps` steps (one
+    /// `llama_decode` of b tokens a step), from position 0.
+    pub fn batch(&mut self, b: usize, steps: usize) -> Result<f64> {
+        Ok((b * steps) as f64 / self.seconds(&format!("batch {b} {steps}"))?)
+    }
+
     /// Stop the script; its peak RSS and its resident set before the model loaded (MiB).
     pub fn quit(mut self) -> Result<(f64, f64)> {
         let v = self.ask("quit")?;

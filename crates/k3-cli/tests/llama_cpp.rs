@@ -358,6 +358,8 @@ fn bench_infer_alternates_with_llama_cpp() {
             "0,16",
             "--decode-tokens",
             "3",
+            "--batch",
+            "3",
             "--repeat",
             "3",
             "--json",
@@ -366,7 +368,7 @@ fn bench_infer_alternates_with_llama_cpp() {
     eprintln!("{text}");
     let j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).expect("read")).expect("json");
     let r = &j["runs"][0];
-    for (kind, key) in [("prefill", "24"), ("decode", "0"), ("decode", "16")] {
+    for (kind, key) in [("prefill", "24"), ("decode", "0"), ("decode", "16"), ("batch", "3")] {
         let p = &r["repeats"][kind][key];
         let rates = |who: &str| -> Vec<f64> {
             p[who]
