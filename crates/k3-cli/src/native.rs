@@ -74,8 +74,10 @@ pub struct GenerateArgs {
     /// A checkpoint directory (with tokenizer.json) or a GGUF with an embedded vocabulary.
     #[arg(long)]
     model: PathBuf,
-    #[arg(long)]
-    prompt: String,
+    /// The prompt; repeat it to generate several completions together (one batched decode step
+    /// for all of them, printed in order once all have finished).
+    #[arg(long, required = true)]
+    prompt: Vec<String>,
     #[arg(long, default_value_t = 128)]
     max_tokens: usize,
     #[arg(long, default_value_t = 1)]
@@ -116,16 +118,20 @@ pub fn generate(a: &GenerateArgs) -> Result<()> {
         .with_context(|| {
             format!("{} has no tokenizer (no tokenizer.json, or a GGUF without vocabulary)", a.model.display())
         })?;
-    let text = if a.chat { tok.apply_chat(a.system.as_deref(), &a.prompt)? } else { a.prompt.clone() };
-    let prompt = tok.encode(&text)?;
-    if prompt.is_empty() {
-        bail!("the prompt encodes to no tokens");
-    }
-    if prompt.len() > model.n_ctx {
-        bail!("the prompt has {} tokens, more than the model's context of {}", prompt.len(), model.n_ctx);
+    let mut prompts = Vec::with_capacity(a.prompt.len());
+    for (i, p) in a.prompt.iter().enumerate() {
+        let which = if a.prompt.len() > 1 { format!("prompt {}", i + 1) } else { "the prompt".to_string() };
+        let text = if a.chat { tok.apply_chat(a.system.as_deref(), p)? } else { p.clone() };
+        let ids = tok.encode(&text)?;
+        if ids.is_empty() {
+            bail!("{which} encodes to no tokens");
+        }
+        if ids.len() > model.n_ctx {
+            bail!("{which} has {} tokens, more than the model's context of {}", ids.len(), model.n_ctx);
+        }
+        prompts.push(ids);
     }
     let mut engine = Engine::new(model);
-    let seq = engine.add_sequence();
     let sampler = SamplerConfig {
         temperature: a.temperature,
         top_k: a.top_k,
@@ -136,47 +142,67 @@ pub fn generate(a: &GenerateArgs) -> Result<()> {
         ..Default::default()
     };
     let stop_tokens: Vec<u32> = tok.eos.into_iter().collect();
-    let (mut ids, mut printed) = (Vec::new(), 0usize);
+    let jobs: Vec<_> = prompts.iter().map(|p| (engine.add_sequence(), p.as_slice())).collect();
+    // One prompt streams to stdout as it is generated; several are printed once all are done.
+    let stream = jobs.len() == 1;
+    // Per job: the ids so far, the bytes of their text already final (printed when streaming),
+    // and where a --stop string cut it.
+    let mut texts: Vec<(Vec<u32>, usize, Option<usize>)> = vec![(Vec::new(), 0, None); jobs.len()];
     let mut out = std::io::stdout().lock();
     let t0 = Instant::now();
     let mut t_first = None;
     let mut err = None;
-    let generated = engine.generate(seq, &prompt, a.max_tokens, sampler, &stop_tokens, |id| {
+    let generated = engine.generate_many(&jobs, a.max_tokens, sampler, &stop_tokens, |j, id| {
         t_first.get_or_insert_with(Instant::now);
+        let (ids, done, cut) = &mut texts[j];
         ids.push(id);
-        let s = match tok.decode(&ids) {
+        let s = match tok.decode(ids) {
             Ok(s) => s,
             Err(e) => {
                 err = Some(e);
                 return ControlFlow::Break(());
             }
         };
-        if let Some(cut) = a.stop.iter().filter_map(|st| s.find(st.as_str())).min() {
-            let _ = out.write_all(&s.as_bytes()[printed.min(cut)..cut]);
+        if let Some(c) = a.stop.iter().filter_map(|st| s.find(st.as_str())).min() {
+            if stream {
+                let _ = out.write_all(&s.as_bytes()[(*done).min(c)..c]);
+            }
+            *cut = Some(c);
             return ControlFlow::Break(());
         }
         // Hold back a trailing partial UTF-8 character (decoded as U+FFFD) until it completes.
         let end = if s.ends_with('\u{FFFD}') { s.len() - '\u{FFFD}'.len_utf8() } else { s.len() };
-        if end > printed {
-            let _ = out.write_all(&s.as_bytes()[printed..end]);
-            let _ = out.flush();
-            printed = end;
+        if end > *done {
+            if stream {
+                let _ = out.write_all(&s.as_bytes()[*done..end]);
+                let _ = out.flush();
+            }
+            *done = end;
         }
         ControlFlow::Continue(())
     })?;
     if let Some(e) = err {
         return Err(e.into());
     }
-    let _ = writeln!(out);
     let total = t0.elapsed().as_secs_f64();
+    if stream {
+        let _ = writeln!(out);
+    } else {
+        for (i, (ids, _, cut)) in texts.iter().enumerate() {
+            let s = tok.decode(ids)?;
+            let _ = writeln!(out, "=== {} ===\n{}", i + 1, &s[..cut.unwrap_or(s.len())]);
+        }
+    }
     let prefill = t_first.map_or(total, |t| (t - t0).as_secs_f64());
-    let n = generated.tokens.len();
+    let n: usize = generated.iter().map(|g| g.tokens.len()).sum();
+    let (n_prompt, decoded) = (prompts.iter().map(Vec::len).sum::<usize>(), n.saturating_sub(generated.len()));
+    let reasons: Vec<String> = generated.iter().map(|g| format!("{:?}", g.reason)).collect();
     eprintln!(
-        "[{} prompt tokens, prefill {:.1} tok/s; {n} generated, decode {:.1} tok/s; stop: {:?}]",
-        prompt.len(),
-        prompt.len() as f64 / prefill.max(1e-9),
-        n.saturating_sub(1) as f64 / (total - prefill).max(1e-9),
-        generated.reason
+        "[{n_prompt} prompt tokens, prefill {:.1} tok/s; {n} generated, decode {:.1} tok/s{}; stop: {}]",
+        n_prompt as f64 / prefill.max(1e-9),
+        decoded as f64 / (total - prefill).max(1e-9),
+        if stream { String::new() } else { format!(" (all {} sequences together)", generated.len()) },
+        reasons.join(", ")
     );
     Ok(())
 }

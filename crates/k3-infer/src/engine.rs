@@ -131,29 +131,74 @@ impl Engine {
         stop_tokens: &[u32],
         mut on_token: impl FnMut(u32) -> ControlFlow<()>,
     ) -> Result<Generated> {
-        let mut sampler = Sampler::new(sampler);
-        let mut logits = self.feed(id, prompt, Logits::Last)?;
-        let mut out = Vec::new();
-        let n_ctx = self.model.n_ctx;
-        loop {
-            if out.len() >= max_new {
-                return Ok(Generated { tokens: out, reason: StopReason::MaxTokens });
+        let mut out = self.generate_many(&[(id, prompt)], max_new, sampler, stop_tokens, |_, t| on_token(t))?;
+        Ok(out.remove(0))
+    }
+
+    /// [`Self::generate`] for several sequences at once: each prompt is prefilled into its
+    /// sequence, then every sequence still going is decoded in one batched [`Self::step`] a
+    /// token (each weight read once for all of them). Each sequence samples with its own
+    /// [`Sampler`] built from `sampler` (the same seed, so a sequence draws what it would draw
+    /// alone) and stops on its own: `max_new` tokens, a stop token, the context limit, or
+    /// `on_token(job, token)` breaking. Results come back in the order of `jobs`. A sequence may
+    /// appear once; on an error, sequences before the failing one may hold their prompts.
+    pub fn generate_many(
+        &mut self,
+        jobs: &[(SeqId, &[u32])],
+        max_new: usize,
+        sampler: SamplerConfig,
+        stop_tokens: &[u32],
+        mut on_token: impl FnMut(usize, u32) -> ControlFlow<()>,
+    ) -> Result<Vec<Generated>> {
+        for (i, (id, _)) in jobs.iter().enumerate() {
+            if jobs[..i].iter().any(|(other, _)| other == id) {
+                return Err(Error::Invalid(format!("sequence {id:?} is given more than one prompt")));
             }
-            let next = {
-                let hist = &self.seq(id)?.tokens;
-                sampler.sample(&logits, hist)
-            };
-            if stop_tokens.contains(&next) {
-                return Ok(Generated { tokens: out, reason: StopReason::StopToken });
-            }
-            out.push(next);
-            if on_token(next).is_break() {
-                return Ok(Generated { tokens: out, reason: StopReason::Callback });
-            }
-            if self.seq(id)?.tokens.len() + 1 > n_ctx {
-                return Ok(Generated { tokens: out, reason: StopReason::Context });
-            }
-            logits = self.feed(id, &[next], Logits::Last)?;
+            self.seq(*id)?;
         }
+        let n_ctx = self.model.n_ctx;
+        let mut runs = Vec::with_capacity(jobs.len());
+        for &(id, prompt) in jobs {
+            let logits = self.feed(id, prompt, Logits::Last)?;
+            runs.push((Sampler::new(sampler.clone()), logits, Vec::new(), None));
+        }
+        loop {
+            let mut batch = Vec::new();
+            let mut fed = Vec::new();
+            for (j, (sampler, logits, out, done)) in runs.iter_mut().enumerate() {
+                if done.is_some() {
+                    continue;
+                }
+                let id = jobs[j].0;
+                if out.len() >= max_new {
+                    *done = Some(StopReason::MaxTokens);
+                    continue;
+                }
+                let next = sampler.sample(logits, &self.seq(id)?.tokens);
+                if stop_tokens.contains(&next) {
+                    *done = Some(StopReason::StopToken);
+                    continue;
+                }
+                out.push(next);
+                if on_token(j, next).is_break() {
+                    *done = Some(StopReason::Callback);
+                } else if self.seq(id)?.tokens.len() + 1 > n_ctx {
+                    *done = Some(StopReason::Context);
+                } else {
+                    batch.push((id, next));
+                    fed.push(j);
+                }
+            }
+            if batch.is_empty() {
+                break;
+            }
+            for (j, logits) in fed.into_iter().zip(self.step(&batch)?) {
+                runs[j].1 = logits;
+            }
+        }
+        Ok(runs
+            .into_iter()
+            .map(|(_, _, tokens, done)| Generated { tokens, reason: done.expect("every run has stopped") })
+            .collect())
     }
 }

@@ -133,3 +133,72 @@ fn batched_steps_refuse_bad_batches_and_move_no_sequence() {
     let err = m.forward_batch(&[3], &mut [&mut s0, &mut s1]).expect_err("count").to_string();
     assert!(err.contains("1 tokens for 2 sequences"), "{err}");
 }
+
+#[test]
+fn generating_several_sequences_together_matches_generating_each_alone() {
+    use k3_infer::engine::StopReason;
+    use k3_infer::SamplerConfig;
+    use std::ops::ControlFlow;
+    let prompts: [Vec<u32>; 3] = [vec![5, 9, 17], (0..11).map(|i| (i * 13 + 7) % 250 + 3).collect(), vec![42]];
+    for (temperature, seed) in [(0.0, 0), (0.9, 7)] {
+        let cfg = SamplerConfig { temperature, seed, ..SamplerConfig::default() };
+        let load = || Engine::new(Model::load(&golden("tiny_k3")).expect("load").0);
+        // Each alone, in its own engine.
+        let alone: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let mut e = load();
+                let s = e.add_sequence();
+                e.generate(s, p, 9, cfg.clone(), &[], |_| ControlFlow::Continue(())).expect("alone")
+            })
+            .collect();
+        // Together, the third stopped by its callback after 4 tokens.
+        let mut e = load();
+        let ids: Vec<_> = prompts.iter().map(|_| e.add_sequence()).collect();
+        let jobs: Vec<_> = ids.iter().zip(&prompts).map(|(&id, p)| (id, p.as_slice())).collect();
+        let mut streamed = vec![Vec::new(); 3];
+        let got = e
+            .generate_many(&jobs, 9, cfg.clone(), &[], |j, t| {
+                streamed[j].push(t);
+                if j == 2 && streamed[j].len() == 4 {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            })
+            .expect("together");
+        for j in 0..3 {
+            let want: &[u32] = if j == 2 { &alone[j].tokens[..4] } else { &alone[j].tokens };
+            assert_eq!(got[j].tokens, want, "temperature {temperature}: sequence {j}");
+            assert_eq!(streamed[j], got[j].tokens, "sequence {j}: streamed what it returned");
+            // Every sampled token is fed but the one its callback stopped on.
+            let fed = got[j].tokens.len() - usize::from(j == 2);
+            assert_eq!(e.tokens(ids[j]).expect("tokens").len(), prompts[j].len() + fed, "sequence {j}");
+        }
+        assert_eq!(
+            (got[0].reason, got[1].reason, got[2].reason),
+            (StopReason::MaxTokens, StopReason::MaxTokens, StopReason::Callback)
+        );
+        // A stop token ends only the sequence that drew it.
+        let stop = alone[0].tokens[2];
+        let mut e = load();
+        let ids: Vec<_> = prompts.iter().map(|_| e.add_sequence()).collect();
+        let jobs: Vec<_> = ids.iter().zip(&prompts).map(|(&id, p)| (id, p.as_slice())).collect();
+        let got = e.generate_many(&jobs, 9, cfg.clone(), &[stop], |_, _| ControlFlow::Continue(())).expect("stop");
+        assert_eq!(got[0].tokens, alone[0].tokens[..2], "sequence 0 stops before its stop token");
+        assert_eq!(got[0].reason, StopReason::StopToken);
+        for j in 1..3 {
+            let cut = alone[j].tokens.iter().position(|&t| t == stop).unwrap_or(9);
+            assert_eq!(got[j].tokens, alone[j].tokens[..cut], "sequence {j} with the stop token");
+        }
+    }
+    let mut e = Engine::new(Model::load(&golden("tiny_k3")).expect("load").0);
+    let s = e.add_sequence();
+    let err = e
+        .generate_many(&[(s, &[3][..]), (s, &[4][..])], 2, SamplerConfig::default(), &[], |_, _| {
+            ControlFlow::Continue(())
+        })
+        .expect_err("twice");
+    assert!(err.to_string().contains("more than one prompt"), "{err}");
+    assert_eq!(e.tokens(s).expect("tokens").len(), 0, "nothing fed");
+}
