@@ -507,6 +507,9 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
     let theirs: Vec<String> = llama_rss.iter().map(|r| format!("{:.0}", r.0)).collect();
     let theirs_above: Vec<String> = llama_rss.iter().map(|r| format!("{:.0}", r.0 - r.1)).collect();
     println!("\npeak RSS: ours {rss:.0} MiB ({:.0} above the process before the model loaded)", rss - start_rss);
+    if !batch_sizes(a)?.is_empty() {
+        println!("          (both peaks include the batched runs: --batch's sequences and llama.cpp's second context)");
+    }
     if !theirs.is_empty() {
         println!(
             "          llama.cpp {} MiB ({} above Python with llama_cpp imported), per thread count",
