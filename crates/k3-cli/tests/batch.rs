@@ -1,5 +1,5 @@
 //! Batched decode (`Model::forward_batch`, `Engine::step`): several sequences at different
-//! positions decoded together give each sequence the logits it gets alone, on f32 checkpoints
+//! positions (one past the attention's split threshold) decoded together give each sequence the logits it gets alone, on f32 checkpoints
 //! and on their Q4_0 GGUFs (the integer kernels), for every model family and layer kind the
 //! engine runs, at 1 and 2 threads. Pure Rust (the core tier).
 
@@ -42,7 +42,7 @@ fn random_llama(dir: &Path) {
     k3_format::checkpoint::save_checkpoint(dir, &cfg, tensors).expect("write the random Llama checkpoint");
 }
 
-/// Four sequences with prompts of different lengths, then `steps` batched decode steps through
+/// Five sequences with prompts of different lengths, then `steps` batched decode steps through
 /// an engine, against the same tokens fed to each sequence alone. Returns the largest logit
 /// difference relative to the logits' scale, and checks the greedy picks agree wherever the
 /// top two are apart by more than that.
@@ -50,7 +50,9 @@ fn batch_against_alone(model_path: &Path, threads: usize, steps: usize) -> f32 {
     let (mut model, _) = Model::load(model_path).expect("load");
     model.compute = Compute { threads, exact: false };
     let v = model.vocab_size() as u32;
-    let prompts: Vec<Vec<u32>> = [5usize, 1, 12, 3]
+    // The fifth past the 1,024 positions from which a decode step's attention splits the cache
+    // over the threads (MLA's latent rows, Llama's K/V).
+    let prompts: Vec<Vec<u32>> = [5usize, 1, 12, 3, 1030]
         .iter()
         .enumerate()
         .map(|(s, &n)| (0..n as u32).map(|i| (i * 7 + 11 * s as u32 + 3) % (v - 3) + 3).collect())
