@@ -87,12 +87,52 @@ pub fn huge_bytes() -> Option<usize> {
 /// [`advise`] (with collapse) for every private, writable, anonymous mapping of this process of
 /// at least one whole huge page: the heap and the buffers mapped on their own. Returns the bytes
 /// advised. Reads `/proc/self/maps`; 0 where there is none.
+///
+/// The collapse copies every 2 MiB of 4 KiB pages into a fresh huge page: for the 370M Q4_0 on
+/// the Zen 4 host (~180 MiB collapsed) 61–427 ms in one call (median ~105 over ten loads, half
+/// of them past 120), against 61–78 ms (median ~71) with the bytes collapsed in runs of
+/// [`COLLAPSE_RUN`] by one scoped thread a core, as now (loads alternating, 2 cores). The
+/// fastest loads are alike both ways: what two threads remove is the slow tail.
 pub fn collapse_anonymous() -> usize {
     if !enabled() {
         return 0;
     }
     let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return 0 };
-    anonymous_ranges(&maps).into_iter().map(|(lo, len)| advise(lo as *const u8, len, true)).sum()
+    // Advised first (cheap), so that each run below is inside a range the kernel took.
+    let runs: Vec<(usize, usize)> = anonymous_ranges(&maps)
+        .into_iter()
+        .filter_map(|(lo, len)| inner(lo, len).filter(|_| advise(lo as *const u8, len, false) > 0))
+        .flat_map(|(lo, n)| (lo..lo + n).step_by(COLLAPSE_RUN).map(move |a| (a, COLLAPSE_RUN.min(lo + n - a))))
+        .collect();
+    let threads = std::thread::available_parallelism().map_or(1, |c| c.get()).clamp(1, runs.len().max(1));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let work = || {
+        while let Some(&(a, n)) = runs.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
+            collapse(a, n);
+        }
+    };
+    std::thread::scope(|s| {
+        for _ in 1..threads {
+            s.spawn(work);
+        }
+        work();
+    });
+    runs.iter().map(|r| r.1).sum()
+}
+
+/// Bytes one thread collapses at a time (a whole number of huge pages).
+const COLLAPSE_RUN: usize = 16 * HUGE;
+
+/// `MADV_COLLAPSE` on [a, a + n), whole huge pages of a range already advised.
+fn collapse(a: usize, n: usize) {
+    #[cfg(target_os = "linux")]
+    // SAFETY: as in `advise`: the range lies inside a live anonymous mapping, and a collapse
+    // changes how it is backed, never its contents; a refusal leaves it as it was.
+    unsafe {
+        sys::madvise(a as *mut std::ffi::c_void, n, sys::MADV_COLLAPSE);
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (a, n);
 }
 
 /// `/proc/self/maps` lines of private writable mappings with no file (or the heap): (start, len).
