@@ -59,6 +59,30 @@ fn teacher_chat_generation_runs() {
 }
 
 #[test]
+fn several_prompts_generate_together_as_each_does_alone() {
+    let Some(gguf) = teacher() else { return };
+    let prompts = ["Name three primary colors.", "Write a Python function that returns the factorial of n.", "Say hi."];
+    let gen = |ps: &[&str]| {
+        let mut c = k3mini();
+        c.args(["generate", "--model"]).arg(&gguf).args(["--chat", "--threads", "2", "--max-tokens", "24"]);
+        for p in ps {
+            c.args(["--prompt", p]);
+        }
+        // stdout and stderr together: drop the stats line.
+        let text = run(&mut c);
+        text.lines().filter(|l| !l.contains(" prompt tokens, prefill ")).collect::<Vec<_>>().join("\n")
+    };
+    let together = gen(&prompts);
+    for (i, p) in prompts.iter().enumerate() {
+        let alone = gen(&[p]);
+        let head = format!("=== {} ===\n", i + 1);
+        let start = together.find(&head).unwrap_or_else(|| panic!("no section {}:\n{together}", i + 1)) + head.len();
+        let end = together[start..].find("\n=== ").map_or(together.len(), |e| start + e);
+        assert_eq!(together[start..end].trim_end(), alone.trim_end(), "prompt {i} together vs alone");
+    }
+}
+
+#[test]
 fn prompt_longer_than_the_context_is_refused() {
     let Some(gguf) = teacher() else { return };
     let long = "word ".repeat(9000);
