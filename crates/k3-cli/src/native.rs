@@ -188,9 +188,10 @@ pub fn generate(a: &GenerateArgs) -> Result<()> {
     if stream {
         let _ = writeln!(out);
     } else {
-        for (i, (ids, _, cut)) in texts.iter().enumerate() {
+        // What streaming would have printed: up to a --stop cut, else the text's final part.
+        for (i, (ids, done, cut)) in texts.iter().enumerate() {
             let s = tok.decode(ids)?;
-            let _ = writeln!(out, "=== {} ===\n{}", i + 1, &s[..cut.unwrap_or(s.len())]);
+            let _ = writeln!(out, "=== {} ===\n{}", i + 1, s.get(..cut.unwrap_or(*done)).unwrap_or(&s));
         }
     }
     let prefill = t_first.map_or(total, |t| (t - t0).as_secs_f64());
