@@ -11,9 +11,12 @@ line on stdout:
     prefill N    a fresh sequence, ids[0:N] as one batch (ubatch 512); {"seconds": s}
     feed LO HI   ids[LO:HI] appended to the sequence (a fresh one if LO is 0), untimed; {"ok": true}
     decode LO HI ids[LO:HI] appended one token at a time; {"seconds": s}
-    batch B N    B fresh sequences decoded together for N steps, one token each a step (one
-                 llama_decode of B tokens, seq_id b, logits for all), from position 0; sequence
-                 b's token at step s is ids[(s*B + b) % len(ids)]; {"seconds": s}
+    batch_start B CTX TOTAL
+                 B fresh sequences (room for TOTAL positions each), each fed its first CTX
+                 tokens, untimed; sequence b's token at position p is ids[(p*B + b) % len(ids)];
+                 {"ok": true}
+    batch B LO N the B sequences decoded together for N steps at positions LO.., one token each
+                 a step (one llama_decode of B tokens, seq_id b, logits for all); {"seconds": s}
     quit         {"peak_rss_mib": m, "start_rss_mib": s}, then exit (s: the resident set before
                  the model was loaded, with Python and llama_cpp imported)
 The first line out, once the model is loaded, is {"ready": true, "llama_cpp_python": version}.
@@ -64,14 +67,25 @@ def rss_mib(field="VmHWM"):
 
 class Batched:
     """Batched decoding in a second context of the same loaded model, with room for B sequences
-    (the high-level Llama holds one): its parameters are the Llama's but for n_seq_max and n_ctx,
-    and it is made again when B or the length grows."""
+    (the high-level Llama holds one): its parameters are the Llama's but for n_seq_max, n_ctx and
+    a batch of at least B, and it is made again when B or the length grows. Sequence i's token
+    at position p is ids[(p*B + i) % len(ids)], as in `k3mini bench infer`."""
 
     def __init__(self, llm, ids):
         self.llm, self.ids, self.ctx, self.shape = llm, ids, None, None
 
-    def context(self, b, n):
-        per_seq = (n + 256) // 256 * 256
+    def tok(self, b, p, i):
+        return self.ids[(p * b + i) % len(self.ids)]
+
+    def decode(self, batch, what):
+        rc = llama_cpp.llama_decode(self.ctx, batch)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc} on {what}")
+
+    def start(self, b, ctx, total):
+        """B fresh sequences with room for `total` positions each, each fed its first `ctx`
+        tokens (in passes of n_batch, one sequence at a time)."""
+        per_seq = (total + 256) // 256 * 256
         if self.shape is None or self.shape[0] != b or self.shape[1] < per_seq:
             if self.ctx is not None:
                 llama_cpp.llama_free(self.ctx)
@@ -83,26 +97,39 @@ class Batched:
             self.ctx = llama_cpp.llama_init_from_model(self.llm._model.model, params)
             if not self.ctx:
                 raise RuntimeError(f"llama_init_from_model failed for {b} sequences of {per_seq}")
-            self.shape = (b, per_seq)
+            self.shape = (b, per_seq, params.n_batch)
         llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self.ctx), True)
-        return self.ctx
+        nb = self.shape[2]
+        batch = llama_cpp.llama_batch_init(nb, 0, 1)
+        try:
+            for i in range(b):
+                for p0 in range(0, ctx, nb):
+                    n = min(nb, ctx - p0)
+                    batch.n_tokens = n
+                    for k in range(n):
+                        batch.token[k] = self.tok(b, p0 + k, i)
+                        batch.pos[k] = p0 + k
+                        batch.n_seq_id[k] = 1
+                        batch.seq_id[k][0] = i
+                        batch.logits[k] = 1 if p0 + k == ctx - 1 else 0
+                    self.decode(batch, f"the prompt of sequence {i} of {b}")
+        finally:
+            llama_cpp.llama_batch_free(batch)
 
-    def run(self, b, n):
-        ctx = self.context(b, n)
+    def steps(self, b, lo, n):
+        """Seconds for n batched steps, one token of each sequence a step, at positions lo.."""
         batch = llama_cpp.llama_batch_init(b, 0, 1)
         try:
             t0 = time.perf_counter()
-            for s in range(n):
+            for s in range(lo, lo + n):
                 batch.n_tokens = b
                 for i in range(b):
-                    batch.token[i] = self.ids[(s * b + i) % len(self.ids)]
+                    batch.token[i] = self.tok(b, s, i)
                     batch.pos[i] = s
                     batch.n_seq_id[i] = 1
                     batch.seq_id[i][0] = i
                     batch.logits[i] = 1
-                rc = llama_cpp.llama_decode(ctx, batch)
-                if rc != 0:
-                    raise RuntimeError(f"llama_decode returned {rc} at step {s} of a batch of {b}")
+                self.decode(batch, f"step {s} of a batch of {b}")
             return time.perf_counter() - t0
         finally:
             llama_cpp.llama_batch_free(batch)
@@ -147,8 +174,11 @@ def main():
             for tok in ids[lo:hi]:
                 llm.eval([tok])
             say({"seconds": time.perf_counter() - t0})
+        elif cmd == "batch_start":
+            batched.start(*nums)
+            say({"ok": True})
         elif cmd == "batch":
-            say({"seconds": batched.run(*nums)})
+            say({"seconds": batched.steps(*nums)})
         elif cmd == "quit":
             say({"peak_rss_mib": rss_mib(), "start_rss_mib": start})
             return

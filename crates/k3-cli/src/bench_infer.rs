@@ -31,11 +31,15 @@ pub struct BenchInferArgs {
     /// Context lengths to decode at.
     #[arg(long, default_value = "0,4096,32768")]
     pub decode_ctx: String,
-    /// Batch sizes for batched decode, comma-separated (none by default): for each B, B fresh
-    /// sequences decoded together for `--decode-tokens` steps from context 0, one token each a
-    /// step (each weight read once a step for all of them); aggregate tokens/s.
+    /// Batch sizes for batched decode, comma-separated (none by default): for each B, B
+    /// sequences decoded together, one token each a step (each weight read once a step for all
+    /// of them), `--repeat` blocks of `--decode-tokens` steps; aggregate tokens/s.
     #[arg(long, default_value = "")]
     pub batch: String,
+    /// The context each batched sequence holds before its first timed step (its prompt, fed
+    /// untimed).
+    #[arg(long, default_value_t = 0)]
+    pub batch_ctx: usize,
     /// Tokens timed per decode measurement.
     #[arg(long, default_value_t = 32)]
     pub decode_tokens: usize,
@@ -336,24 +340,36 @@ fn measure(
         }
         decode.push((c, p));
     }
-    // Batched decode: B fresh sequences, one token each a step, sequence b's token at step s
-    // ids[(s·B + b) mod len] in both engines.
+    // Batched decode: B sequences, each fed `batch_ctx` ids untimed, then `repeat` blocks of
+    // steps, the sequences growing; sequence b's id at position p is ids[(p·B + b) mod len] in
+    // both engines.
     let mut batch = Vec::new();
     for nb in batch_sizes(a)? {
-        let steps = a.decode_tokens;
+        let (steps, ctx) = (a.decode_tokens, a.batch_ctx);
+        let tok = |b: usize, p: usize| ids[(p * nb + b) % ids.len()];
+        let mut states: Vec<k3_infer::SeqState> = (0..nb).map(|_| model.new_state()).collect();
+        if ctx > 0 {
+            for (b, st) in states.iter_mut().enumerate() {
+                let prompt: Vec<u32> = (0..ctx).map(|p| tok(b, p)).collect();
+                feed(model, st, &prompt)?;
+            }
+        }
+        if let Some(l) = llama.as_deref_mut() {
+            l.batch_start(nb, ctx, ctx + a.repeat * steps)?;
+        }
         let mut p = Point::default();
         for r in 0..a.repeat {
+            let lo = ctx + r * steps;
             let ours = || {
-                let mut states: Vec<k3_infer::SeqState> = (0..nb).map(|_| model.new_state()).collect();
                 let t0 = Instant::now();
-                for s in 0..steps {
-                    let toks: Vec<u32> = (0..nb).map(|b| ids[(s * nb + b) % ids.len()]).collect();
+                for s in lo..lo + steps {
+                    let toks: Vec<u32> = (0..nb).map(|b| tok(b, s)).collect();
                     let mut refs: Vec<&mut k3_infer::SeqState> = states.iter_mut().collect();
                     model.forward_batch(&toks, &mut refs)?;
                 }
                 Ok((nb * steps) as f64 / t0.elapsed().as_secs_f64())
             };
-            let mut theirs = llama.as_deref_mut().map(|l| move || l.batch(nb, steps));
+            let mut theirs = llama.as_deref_mut().map(|l| move || l.batch(nb, lo, steps));
             p.take(r, ours, theirs.as_mut().map(|f| f as &mut dyn FnMut() -> Result<f64>))?;
         }
         batch.push((nb, p));
@@ -389,8 +405,15 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
         }
         None => None,
     };
-    if !batch_sizes(a)?.is_empty() && a.decode_tokens > model.n_ctx {
-        bail!("--decode-tokens {} is longer than the model's context {}", a.decode_tokens, model.n_ctx);
+    let batch_len = a.batch_ctx + a.repeat * a.decode_tokens;
+    if !batch_sizes(a)?.is_empty() && batch_len > model.n_ctx {
+        bail!(
+            "--batch-ctx {} plus {} repeats of {} decode tokens is {batch_len} positions, more than the model's context {}",
+            a.batch_ctx,
+            a.repeat,
+            a.decode_tokens,
+            model.n_ctx
+        );
     }
     let longest = ids_needed(a)?;
     if longest > model.n_ctx {
@@ -445,7 +468,8 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
         println!("  {:<22} {:>10} {:>12} {:>8}", "", "ours", "llama.cpp", "ratio");
         let rows = m.prefill.iter().map(|(k, p)| (format!("prefill {k} tok/s"), p));
         let rows = rows.chain(m.decode.iter().map(|(k, p)| (format!("decode @{k} tok/s"), p)));
-        for (label, p) in rows.chain(m.batch.iter().map(|(k, p)| (format!("batch of {k}, tok/s"), p))) {
+        let at = if a.batch_ctx > 0 { format!(" @{}", a.batch_ctx) } else { String::new() };
+        for (label, p) in rows.chain(m.batch.iter().map(|(k, p)| (format!("batch of {k}{at}, tok/s"), p))) {
             match (p.llama(), p.ratio()) {
                 (Some(l), Some(r)) => println!("  {label:<22} {:>10.1} {l:>12.1} {r:>7.2}x", p.ours()),
                 _ => println!("  {label:<22} {:>10.1} {:>12} {:>8}", p.ours(), "-", "-"),
@@ -535,7 +559,7 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
         let j = json!({"model": a.model.display().to_string(), "weight_bytes_per_token": weight_bytes,
                        "isa_prefill": isa.name(), "isa_decode": isa.for_tokens(1).name(),
                        "peak_rss_mib_ours": rss, "start_rss_mib_ours": start_rss,
-                       "huge_pages_mib_after_load": huge.map(|h| h as f64 / (1 << 20) as f64), "decode_tokens": a.decode_tokens, "repeat": a.repeat,
+                       "huge_pages_mib_after_load": huge.map(|h| h as f64 / (1 << 20) as f64), "decode_tokens": a.decode_tokens, "repeat": a.repeat, "batch_ctx": a.batch_ctx,
                        "prefill_pass_tokens": {"ours": k3_infer::model::PREFILL_CHUNK, "llama_cpp": 512},
                        "runs": report, "quality": quality});
         k3_format::safetensors_io::write_atomic(p, serde_json::to_string_pretty(&j)?.as_bytes())?;
@@ -548,7 +572,7 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
         k3_plot::write_png(&pp, &chart(format!("prefill speed, {name}"), "prompt (tokens)", prefill_series), 900, 560)?;
         if batch_series.iter().any(|(_, pts)| !pts.is_empty()) {
             let pb = p.with_file_name(format!("{stem}-batch.png"));
-            let title = format!("batched decode from context 0, {name} (all sequences' tokens/s)");
+            let title = format!("batched decode at context {}, {name} (all sequences' tokens/s)", a.batch_ctx);
             k3_plot::write_png(&pb, &chart(title, "sequences decoded together", batch_series), 900, 560)?;
         }
     }

@@ -145,10 +145,16 @@ impl Llama {
         Ok((hi - lo) as f64 / self.seconds(&format!("decode {lo} {hi}"))?)
     }
 
-    /// Aggregate tokens/s of `b` fresh sequences decoded together for `steps` steps (one
-    /// `llama_decode` of b tokens a step), from position 0.
-    pub fn batch(&mut self, b: usize, steps: usize) -> Result<f64> {
-        Ok((b * steps) as f64 / self.seconds(&format!("batch {b} {steps}"))?)
+    /// `b` fresh sequences with room for `total` positions each, each fed its first `ctx` ids
+    /// (sequence i's id at position p: ids[(p·b + i) mod len]), untimed.
+    pub fn batch_start(&mut self, b: usize, ctx: usize, total: usize) -> Result<()> {
+        self.ask(&format!("batch_start {b} {ctx} {total}")).map(drop)
+    }
+
+    /// Aggregate tokens/s of the `b` sequences decoded together for `steps` steps at positions
+    /// `lo..` (one `llama_decode` of b tokens a step).
+    pub fn batch(&mut self, b: usize, lo: usize, steps: usize) -> Result<f64> {
+        Ok((b * steps) as f64 / self.seconds(&format!("batch {b} {lo} {steps}"))?)
     }
 
     /// Stop the script; its peak RSS and its resident set before the model loaded (MiB).

@@ -360,6 +360,8 @@ fn bench_infer_alternates_with_llama_cpp() {
             "3",
             "--batch",
             "3",
+            "--batch-ctx",
+            "5",
             "--repeat",
             "3",
             "--json",
