@@ -40,6 +40,24 @@ pub enum LayerState {
     Mla(crate::kv::KvRows),
 }
 
+impl LayerState {
+    /// A KDA layer's state (states are made from the layer list, so the kinds always match).
+    fn kda(&mut self) -> &mut KdaState {
+        match self {
+            LayerState::Kda(s) => s,
+            LayerState::Mla(_) => unreachable!("state kinds are created from the same layer list"),
+        }
+    }
+
+    /// An MLA layer's latent cache.
+    fn mla(&mut self) -> &mut crate::kv::KvRows {
+        match self {
+            LayerState::Mla(c) => c,
+            LayerState::Kda(_) => unreachable!("state kinds are created from the same layer list"),
+        }
+    }
+}
+
 pub struct Block {
     mixer: Mixer,
     ffn: Ffn,
@@ -175,32 +193,14 @@ impl KimiModel {
         let mut h = vec![0f32; x.len()];
         threads::rmsnorm(&mut h, x, &b.norm_in, self.cfg.rms_norm_eps as f32, cx.threads);
         match (&b.mixer, seqs) {
-            (Mixer::Kda(k), Seqs::One(st)) => match &mut st[layer] {
-                LayerState::Kda(s) => k.forward(&h, t, s, cx),
-                LayerState::Mla(_) => unreachable!("state kinds are created from the same layer list"),
-            },
-            (Mixer::Mla(m), Seqs::One(st)) => match &mut st[layer] {
-                LayerState::Mla(c) => m.forward(&h, t, c, cx),
-                LayerState::Kda(_) => unreachable!("state kinds are created from the same layer list"),
-            },
+            (Mixer::Kda(k), Seqs::One(st)) => k.forward(&h, t, st[layer].kda(), cx),
+            (Mixer::Mla(m), Seqs::One(st)) => m.forward(&h, t, st[layer].mla(), cx),
             (Mixer::Kda(k), Seqs::Batch(sts)) => {
-                let mut states: Vec<&mut KdaState> = sts
-                    .iter_mut()
-                    .map(|st| match &mut st[layer] {
-                        LayerState::Kda(s) => s,
-                        LayerState::Mla(_) => unreachable!("state kinds are created from the same layer list"),
-                    })
-                    .collect();
+                let mut states: Vec<&mut KdaState> = sts.iter_mut().map(|st| st[layer].kda()).collect();
                 k.decode_batch(&h, &mut states, cx)
             }
             (Mixer::Mla(m), Seqs::Batch(sts)) => {
-                let mut caches: Vec<&mut crate::kv::KvRows> = sts
-                    .iter_mut()
-                    .map(|st| match &mut st[layer] {
-                        LayerState::Mla(c) => c,
-                        LayerState::Kda(_) => unreachable!("state kinds are created from the same layer list"),
-                    })
-                    .collect();
+                let mut caches: Vec<&mut crate::kv::KvRows> = sts.iter_mut().map(|st| st[layer].mla()).collect();
                 m.decode_batch(&h, &mut caches, cx)
             }
         }

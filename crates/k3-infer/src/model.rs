@@ -22,6 +22,24 @@ pub enum SeqLayers {
     Llama(Vec<KvCache>),
 }
 
+impl SeqLayers {
+    /// A Kimi sequence's layer states (the caller has checked the family: `state_fits`).
+    fn kimi(&mut self) -> &mut [LayerState] {
+        match self {
+            SeqLayers::Kimi(l) => l,
+            SeqLayers::Llama(_) => unreachable!("a Kimi model's sequences are checked to be Kimi states"),
+        }
+    }
+
+    /// A Llama sequence's KV caches.
+    fn llama(&mut self) -> &mut [KvCache] {
+        match self {
+            SeqLayers::Llama(l) => l,
+            SeqLayers::Kimi(_) => unreachable!("a Llama model's sequences are checked to be Llama states"),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct SeqState {
     /// Tokens consumed so far (the next token's position).
@@ -210,23 +228,11 @@ impl Model {
         let nb = tokens.len();
         let (hidden, head) = match &self.net {
             Net::Kimi(m) => {
-                let mut ls: Vec<&mut [LayerState]> = states
-                    .iter_mut()
-                    .map(|st| match &mut st.layers {
-                        SeqLayers::Kimi(l) => l.as_mut_slice(),
-                        SeqLayers::Llama(_) => unreachable!("checked above"),
-                    })
-                    .collect();
+                let mut ls: Vec<&mut [LayerState]> = states.iter_mut().map(|st| st.layers.kimi()).collect();
                 (m.hidden_batch(tokens, &mut ls, self.compute), m.lm_head())
             }
             Net::Llama(m) => {
-                let mut ls: Vec<&mut [KvCache]> = states
-                    .iter_mut()
-                    .map(|st| match &mut st.layers {
-                        SeqLayers::Llama(l) => l.as_mut_slice(),
-                        SeqLayers::Kimi(_) => unreachable!("checked above"),
-                    })
-                    .collect();
+                let mut ls: Vec<&mut [KvCache]> = states.iter_mut().map(|st| st.layers.llama()).collect();
                 (m.hidden_batch(tokens, &mut ls, self.compute), m.lm_head())
             }
         };
