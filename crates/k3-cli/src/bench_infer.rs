@@ -264,6 +264,7 @@ fn measure(
     a: &BenchInferArgs,
     threads: usize,
     weight_bytes: usize,
+    batches: &[usize],
     mut llama: Option<&mut Llama>,
 ) -> Result<Measured> {
     model.compute = Compute { threads, exact: false };
@@ -344,7 +345,7 @@ fn measure(
     // steps, the sequences growing; sequence b's id at position p is ids[(p·B + b) mod len] in
     // both engines.
     let mut batch = Vec::new();
-    for nb in batch_sizes(a)? {
+    for &nb in batches {
         let (steps, ctx) = (a.decode_tokens, a.batch_ctx);
         let tok = |b: usize, p: usize| ids[(p * nb + b) % ids.len()];
         let mut states: Vec<k3_infer::SeqState> = (0..nb).map(|_| model.new_state()).collect();
@@ -405,8 +406,9 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
         }
         None => None,
     };
+    let batches = batch_sizes(a)?;
     let batch_len = a.batch_ctx + a.repeat * a.decode_tokens;
-    if !batch_sizes(a)?.is_empty() && batch_len > model.n_ctx {
+    if !batches.is_empty() && batch_len > model.n_ctx {
         bail!(
             "--batch-ctx {} plus {} repeats of {} decode tokens is {batch_len} positions, more than the model's context {}",
             a.batch_ctx,
@@ -456,7 +458,7 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
             true => None,
             false => Llama::start(&a.model, &ids_file, n, longest + 16)?,
         };
-        let m = measure(&mut model, &ids, a, n, weight_bytes, llama.as_mut())?;
+        let m = measure(&mut model, &ids, a, n, weight_bytes, &batches, llama.as_mut())?;
         let version = llama.as_ref().map(|l| l.version.clone());
         let rss_llama = llama.map(Llama::quit).transpose()?;
         llama_rss.extend(rss_llama);
@@ -531,7 +533,7 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
     let theirs: Vec<String> = llama_rss.iter().map(|r| format!("{:.0}", r.0)).collect();
     let theirs_above: Vec<String> = llama_rss.iter().map(|r| format!("{:.0}", r.0 - r.1)).collect();
     println!("\npeak RSS: ours {rss:.0} MiB ({:.0} above the process before the model loaded)", rss - start_rss);
-    if !batch_sizes(a)?.is_empty() {
+    if !batches.is_empty() {
         println!("          (both peaks include the batched runs: --batch's sequences and llama.cpp's second context)");
     }
     if !theirs.is_empty() {

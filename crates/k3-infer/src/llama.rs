@@ -100,7 +100,7 @@ impl LlamaModel {
 
     /// Final-norm hidden states [T, C] for `tokens`, advancing the cache.
     pub fn hidden(&self, tokens: &[u32], state: &mut [KvCache], cx: Compute) -> Vec<f32> {
-        self.run(tokens, &mut [state], false, cx)
+        self.run(tokens, &mut [state], cx)
     }
 
     /// One decode step of B sequences at once: token b goes to sequence b (`states[b]`, its
@@ -108,12 +108,12 @@ impl LlamaModel {
     /// to its own sequence's cache. Returns the final-norm hidden states [B, C].
     pub fn hidden_batch(&self, tokens: &[u32], states: &mut [&mut [KvCache]], cx: Compute) -> Vec<f32> {
         assert_eq!(tokens.len(), states.len(), "one token per sequence");
-        self.run(tokens, states, true, cx)
+        self.run(tokens, states, cx)
     }
 
-    /// The stack over rows [T, C]: `batch` false, T tokens of the one sequence `seqs[0]`; true,
-    /// token b of sequence `seqs[b]`.
-    fn run(&self, tokens: &[u32], seqs: &mut [&mut [KvCache]], batch: bool, cx: Compute) -> Vec<f32> {
+    /// The stack over rows [T, C]: T tokens of the one sequence `seqs[0]`, or with several
+    /// sequences token b of sequence `seqs[b]` (one sequence with one token is both).
+    fn run(&self, tokens: &[u32], seqs: &mut [&mut [KvCache]], cx: Compute) -> Vec<f32> {
         let c = &self.cfg;
         let (d, hd, hq, hkv) = (c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads);
         let eps = c.rms_norm_eps as f32;
@@ -127,7 +127,7 @@ impl LlamaModel {
             threads::rmsnorm(&mut h, &x, &l.norm_in, eps, cx.threads);
             let [mut q, mut k, v]: [Vec<f32>; 3] =
                 Matrix::apply_many(&[&l.q, &l.k, &l.v], &h, t, cx).try_into().expect("three products");
-            let att = if batch {
+            let att = if seqs.len() > 1 {
                 let (qw, kw) = (hq * hd, hkv * hd);
                 let mut att = Vec::with_capacity(t * qw);
                 for (b, seq) in seqs.iter_mut().enumerate() {

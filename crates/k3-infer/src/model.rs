@@ -23,7 +23,7 @@ pub enum SeqLayers {
 }
 
 impl SeqLayers {
-    /// A Kimi sequence's layer states (the caller has checked the family: `state_fits`).
+    /// A Kimi sequence's layer states (the callers have checked the family: `state_fits`).
     fn kimi(&mut self) -> &mut [LayerState] {
         match self {
             SeqLayers::Kimi(l) => l,
@@ -166,11 +166,9 @@ impl Model {
         let mut logits = Vec::new();
         for (i, part) in tokens.chunks(PREFILL_CHUNK).enumerate() {
             let t = part.len();
-            let (hidden, head) = match (&self.net, &mut st.layers) {
-                (Net::Kimi(m), SeqLayers::Kimi(ls)) => (m.hidden(part, ls, self.compute), m.lm_head()),
-                (Net::Llama(m), SeqLayers::Llama(ls)) => (m.hidden(part, ls, self.compute), m.lm_head()),
-                // (found at the first pass, before the state changes)
-                _ => return Err(Error::Invalid("a sequence state from another model was passed".into())),
+            let (hidden, head) = match &self.net {
+                Net::Kimi(m) => (m.hidden(part, st.layers.kimi(), self.compute), m.lm_head()),
+                Net::Llama(m) => (m.hidden(part, st.layers.llama(), self.compute), m.lm_head()),
             };
             st.pos += t;
             match which {
