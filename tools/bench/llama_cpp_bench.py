@@ -22,6 +22,13 @@ line on stdout:
 The first line out, once the model is loaded, is {"ready": true, "llama_cpp_python": version}.
 Exit code 3 means llama_cpp is not importable.
 
+    llama_cpp_bench.py MODEL.gguf --threads 2 --time-loads N
+
+instead loads the model N times (`Llama(...)` with a context of 512, each freed before the next),
+timing each, and prints {"load_seconds": [s, ...]}: the load line of `k3mini bench infer`, in a
+process of its own so that the loads leave the benchmark's llama.cpp process (and its peak RSS)
+as it was.
+
     llama_cpp_bench.py MODEL.gguf --threads 2 --logits WINDOWS.txt OUT_DIR
 
 instead writes the logits of every window (one comma-separated line of ids each, evaluated as a
@@ -142,9 +149,12 @@ def main():
     ap.add_argument("--ids")
     ap.add_argument("--n-ctx", type=int)
     ap.add_argument("--logits", nargs=2, metavar=("WINDOWS", "OUT_DIR"))
+    ap.add_argument("--time-loads", type=int)
     a = ap.parse_args()
     if a.logits:
         return logits(a)
+    if a.time_loads is not None:
+        return time_loads(a)
     if a.ids is None or a.n_ctx is None:
         ap.error("--ids and --n-ctx are required (or --logits WINDOWS OUT_DIR)")
     ids = [int(x) for x in open(a.ids).read().split(",") if x.strip()]
@@ -185,6 +195,18 @@ def main():
         else:
             print(f"unknown command: {line.strip()}", file=sys.stderr)
             sys.exit(2)
+
+
+def time_loads(a):
+    loads = []
+    for _ in range(a.time_loads):
+        t0 = time.perf_counter()
+        llm = llama_cpp.Llama(model_path=a.model, n_ctx=512, n_threads=a.threads, n_threads_batch=a.threads,
+                              verbose=False)
+        loads.append(time.perf_counter() - t0)
+        llm.close()
+        del llm
+    say({"load_seconds": loads})
 
 
 def logits(a):

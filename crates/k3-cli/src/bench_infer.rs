@@ -46,6 +46,11 @@ pub struct BenchInferArgs {
     /// Repeats per measurement (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub repeat: usize,
+    /// Loads of the model timed in each engine, each then dropped (the median is reported; 0:
+    /// none). Ours: `Model::load` before the runs (repacking on one thread a core); llama.cpp:
+    /// `Llama(...)` with a context of 512 at the first thread count, in a process of its own.
+    #[arg(long, default_value_t = 3)]
+    pub load_repeat: usize,
     /// Skip llama.cpp (ours only).
     #[arg(long)]
     pub no_llama: bool,
@@ -382,7 +387,14 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
     // What the process holds before the model: the binary (with libtorch where it was built
     // with `train`), for the peak's share that is the engine's.
     let start_rss = rss_mib("VmRSS:");
-    let (mut model, _) = Model::load(&a.model).with_context(|| format!("loading {}", a.model.display()))?;
+    let load = || Model::load(&a.model).with_context(|| format!("loading {}", a.model.display()));
+    let mut ours_loads = Vec::new();
+    for _ in 0..a.load_repeat {
+        let t0 = Instant::now();
+        drop(load()?);
+        ours_loads.push(t0.elapsed().as_secs_f64());
+    }
+    let (mut model, _) = load()?;
     let threads = list(&a.threads, "threads")?;
     // The quality windows up front, so that a wrong --reference or --quality-data fails before
     // the speed runs, not after them.
@@ -451,13 +463,20 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
     let mut report = Vec::new();
     let (mut decode_series, mut prefill_series, mut batch_series) = (Vec::new(), Vec::new(), Vec::new());
     let mut llama_rss = Vec::new();
-    for &n in &threads {
+    let mut llama_loads: Vec<f64> = Vec::new();
+    for (i, &n) in threads.iter().enumerate() {
         // The probes run in child processes, so this process's peak RSS stays the engine's own.
         let (bw, bw_mem, bw_same) = probe_child(n, weight_bytes).unwrap_or_else(|| probe(n, weight_bytes));
         let mut llama = match a.no_llama || a.model.is_dir() {
             true => None,
             false => Llama::start(&a.model, &ids_file, n, longest + 16)?,
         };
+        if i == 0 && a.load_repeat > 0 {
+            if llama.is_some() {
+                llama_loads = crate::bench_llama::load_times(&a.model, n, a.load_repeat)?.unwrap_or_default();
+            }
+            print_loads(&ours_loads, &llama_loads);
+        }
         let m = measure(&mut model, &ids, a, n, weight_bytes, &batches, llama.as_mut())?;
         let version = llama.as_ref().map(|l| l.version.clone());
         let rss_llama = llama.map(Llama::quit).transpose()?;
@@ -561,7 +580,8 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
         let j = json!({"model": a.model.display().to_string(), "weight_bytes_per_token": weight_bytes,
                        "isa_prefill": isa.name(), "isa_decode": isa.for_tokens(1).name(),
                        "peak_rss_mib_ours": rss, "start_rss_mib_ours": start_rss,
-                       "huge_pages_mib_after_load": huge.map(|h| h as f64 / (1 << 20) as f64), "decode_tokens": a.decode_tokens, "repeat": a.repeat, "batch_ctx": a.batch_ctx,
+                       "huge_pages_mib_after_load": huge.map(|h| h as f64 / (1 << 20) as f64),
+                       "load_seconds": {"ours": ours_loads, "llama_cpp": llama_loads}, "decode_tokens": a.decode_tokens, "repeat": a.repeat, "batch_ctx": a.batch_ctx,
                        "prefill_pass_tokens": {"ours": k3_infer::model::PREFILL_CHUNK, "llama_cpp": 512},
                        "runs": report, "quality": quality});
         k3_format::safetensors_io::write_atomic(p, serde_json::to_string_pretty(&j)?.as_bytes())?;
@@ -579,6 +599,22 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The load times' line: each engine's median (of those it has), and their ratio (llama.cpp's
+/// time over ours: above 1 ours loads faster).
+fn print_loads(ours: &[f64], theirs: &[f64]) {
+    if ours.is_empty() {
+        return;
+    }
+    let (o, n) = (median(ours.to_vec()), ours.len());
+    match theirs.is_empty() {
+        true => println!("load (median of {n}): ours {o:.3} s"),
+        false => {
+            let l = median(theirs.to_vec());
+            println!("load (median of {n}): ours {o:.3} s, llama.cpp {l:.3} s: {:.2}x", l / o);
+        }
+    }
 }
 
 /// The benchmarked GGUF judged against the f32 `reference` over the windows `ws` (KL, top-1,

@@ -25,6 +25,41 @@ fn python_and_script() -> (String, PathBuf) {
     (py, Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/bench/llama_cpp_bench.py"))
 }
 
+/// Seconds of each of `n` loads of `model` in llama.cpp (`Llama(...)` with a context of 512, each
+/// freed before the next), in a process of its own (`llama_cpp_bench.py --time-loads`); `None`
+/// (with a message) when llama_cpp is not installed.
+pub fn load_times(model: &Path, threads: usize, n: usize) -> Result<Option<Vec<f64>>> {
+    let (py, script) = python_and_script();
+    let out = Command::new(&py)
+        .arg(&script)
+        .arg(model)
+        .args(["--threads", &threads.to_string(), "--time-loads", &n.to_string()])
+        .output()
+        .with_context(|| format!("running {py} {}", script.display()))?;
+    match out.status.code() {
+        Some(0) => {
+            let line = String::from_utf8_lossy(&out.stdout);
+            let v: Value = serde_json::from_str(line.trim())
+                .with_context(|| format!("bad answer from {} --time-loads: {line}", script.display()))?;
+            let secs: Vec<f64> = v["load_seconds"].as_array().into_iter().flatten().filter_map(Value::as_f64).collect();
+            if secs.len() != n {
+                bail!("{} timed {} loads of {} where {n} were asked", script.display(), secs.len(), model.display());
+            }
+            Ok(Some(secs))
+        }
+        Some(3) => {
+            eprintln!("llama.cpp is not installed in {py}; run scripts/setup-llama-cpp (our load time only)");
+            Ok(None)
+        }
+        code => Err(anyhow::anyhow!(
+            "{} --time-loads exited ({code:?}) on {}:\n{}",
+            script.display(),
+            model.display(),
+            String::from_utf8_lossy(&out.stderr)
+        )),
+    }
+}
+
 /// llama.cpp's logits for each window of ids (a fresh sequence each), [T, V] per window, through
 /// `llama_cpp_bench.py --logits`; `None` (with a message) when llama_cpp is not installed.
 pub fn window_logits(model: &Path, windows: &[Vec<u32>], threads: usize, v: usize) -> Result<Option<Vec<Vec<f32>>>> {

@@ -340,7 +340,8 @@ fn tiny_k3_loads_in_llama_cpp_kimi_k3() {
 
 /// `k3mini bench infer` drives llama.cpp a measurement at a time: every point holds one rate per
 /// repeat for each engine, the ratio is the median of the per-repeat ratios, and llama.cpp's
-/// decode walk reaches the same contexts (its rates exist at each).
+/// decode walk reaches the same contexts (its rates exist at each); each engine's loads are
+/// timed, as many as asked, and printed as medians.
 #[test]
 fn bench_infer_alternates_with_llama_cpp() {
     let Some(_py) = llama_python() else { return };
@@ -364,10 +365,17 @@ fn bench_infer_alternates_with_llama_cpp() {
             "5",
             "--repeat",
             "3",
+            "--load-repeat",
+            "2",
             "--json",
         ])
         .arg(&out));
     eprintln!("{text}");
+    for who in ["ours", "llama_cpp"] {
+        let loads = j_loads(&out, who);
+        assert!(loads.len() == 2 && loads.iter().all(|&s| s.is_finite() && s > 0.0), "{who}'s loads: {loads:?}");
+    }
+    assert!(text.contains("load (median of 2): ours "), "no load line in:\n{text}");
     let j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).expect("read")).expect("json");
     let r = &j["runs"][0];
     for (kind, key) in [("prefill", "24"), ("decode", "0"), ("decode", "16"), ("batch", "3")] {
@@ -398,6 +406,12 @@ fn bench_infer_alternates_with_llama_cpp() {
     let (mem, same) = (bw("bandwidth_gbs_512mib"), bw("bandwidth_gbs_weights_size"));
     assert!(mem > 0.0 && same > 0.0, "probes {mem} / {same} GB/s");
     assert_eq!(bw("bandwidth_gbs"), mem.max(same), "the bound takes the faster probe");
+}
+
+/// The load seconds of `who` in a `bench infer` JSON.
+fn j_loads(json: &Path, who: &str) -> Vec<f64> {
+    let j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(json).expect("read")).expect("json");
+    j["load_seconds"][who].as_array().into_iter().flatten().filter_map(|x| x.as_f64()).collect()
 }
 
 /// llama.cpp's converter (from the same sdist, unpacked by scripts/setup-llama-cpp).

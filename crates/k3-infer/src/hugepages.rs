@@ -4,29 +4,18 @@
 //! a 512 MiB read ran at 22.5–24 GB/s on 4 KiB pages and 30–35 GB/s on 2 MiB pages (2 threads),
 //! and the 370M model decoded ~17% faster with its weights on huge pages.
 //!
-//! [`collapse_anonymous`] asks the kernel to back every large anonymous mapping of the process
-//! (the heap, where the repacked weights are, and the larger buffers mapped on their own) by huge
-//! pages now (`MADV_COLLAPSE`, Linux 6.1+) and from then on (`MADV_HUGEPAGE`, so that the heap's
+//! The repacked weights are on huge pages from their first write (`k3_kernels::hugebuf`: chunks
+//! advised before they are filled). [`collapse_anonymous`] then asks the kernel to back every
+//! other large anonymous mapping of the process (the heap, with what a load keeps there: f32 and
+//! f16 matrices, matrices made at load from others, and the larger buffers mapped on their own)
+//! by huge pages now (`MADV_COLLAPSE`, Linux 6.1+) and from then on (`MADV_HUGEPAGE`, so that the heap's
 //! later growth faults them in directly). [`advise`] does it for one buffer. Both are hints: on
 //! other systems, with THP disabled or when the kernel refuses, nothing changes and they return 0.
 //! `K3MINI_HUGEPAGES=0` turns them off (to measure without).
 
-/// Bytes of a huge page (x86-64, aarch64 with 4 KiB base pages).
-pub const HUGE: usize = 2 << 20;
-
 #[cfg(target_os = "linux")]
-mod sys {
-    pub const MADV_HUGEPAGE: i32 = 14;
-    pub const MADV_COLLAPSE: i32 = 25;
-    extern "C" {
-        pub fn madvise(addr: *mut std::ffi::c_void, len: usize, advice: i32) -> i32;
-    }
-}
-
-/// Whether huge pages are wanted (`K3MINI_HUGEPAGES=0` says no).
-pub fn enabled() -> bool {
-    std::env::var("K3MINI_HUGEPAGES").map_or(true, |v| v != "0")
-}
+use k3_kernels::hugebuf::sys;
+pub use k3_kernels::hugebuf::{enabled, HUGE};
 
 /// The whole huge pages inside [start, start + len).
 fn inner(start: usize, len: usize) -> Option<(usize, usize)> {

@@ -6,6 +6,7 @@
 use std::mem::MaybeUninit;
 use std::sync::Arc;
 
+use k3_kernels::hugebuf::Place;
 use k3_kernels::qgemm::{gemm_rows_out, Isa, OutMat, Packed, QActs};
 use k3_kernels::quant::GgmlType;
 
@@ -31,7 +32,7 @@ impl Matrix {
     /// `Packed::pack`).
     pub fn new(rows: usize, cols: usize, ty: GgmlType, data: Vec<u8>) -> Self {
         debug_assert_eq!(data.len(), rows * ty.row_bytes(cols));
-        let packed = Packed::pack(ty, rows, cols, &data);
+        let packed = Packed::pack(ty, rows, cols, &data, Place::Heap);
         Self::packed_or_raw(rows, cols, ty, packed, || data)
     }
 

@@ -100,7 +100,10 @@ impl Model {
             ModelConfig::Kimi(c) => c.max_position_embeddings,
             ModelConfig::Llama(c) => c.max_position_embeddings,
         };
-        // The repacked weights on transparent huge pages (a hint; see hugepages).
+        // The repacked weights are on huge pages already (k3_kernels::hugebuf); this thread's
+        // open chunk is let go, and the rest of the heap goes onto huge pages too (a hint; see
+        // hugepages).
+        k3_kernels::hugebuf::seal();
         crate::hugepages::collapse_anonymous();
         Ok((Self { net, config, n_ctx, compute: Compute::default() }, warnings))
     }

@@ -26,7 +26,7 @@ fn main() {
         }
         let w = rng.normals(rows * cols, 0.4);
         let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
-        let p = Packed::pack(ty, rows, cols, &data).expect("a packable type");
+        let p = Packed::pack(ty, rows, cols, &data, k3_kernels::hugebuf::Place::Huge).expect("a packable type");
         for t in [1usize, arg(6, 64)] {
             let x = rng.normals(t * cols, 1.0);
             let a = QActs::quantize(&x, t, cols);

@@ -8,6 +8,7 @@
 
 pub mod attention;
 pub mod conv;
+pub mod hugebuf;
 pub mod kda;
 pub mod ops;
 pub mod qgemm;

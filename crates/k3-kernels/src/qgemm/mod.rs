@@ -32,6 +32,7 @@ mod x86;
 
 use std::sync::OnceLock;
 
+use crate::hugebuf::Buf;
 use crate::quant::GgmlType;
 
 pub const BLOCK: usize = 32;
@@ -310,9 +311,9 @@ pub struct Packed {
     pub cols: usize,
     /// Blocks per row, padded to even with zero blocks.
     pub nbp: usize,
-    pub qs: Vec<u8>,
-    pub d: Vec<u16>,
-    pub m: Vec<u16>,
+    pub qs: Buf<u8>,
+    pub d: Buf<u16>,
+    pub m: Buf<u16>,
     /// The caller's share of this matrix's two-thread decode jobs (it leads them), learned
     /// from when the two sides finish ([`crate::threads::pair_balance`]).
     pub pair: crate::threads::PairBalance,
@@ -371,9 +372,10 @@ impl Packed {
         }
     }
 
-    /// A new matrix of the rows `idx` (in that order), in the same layout.
+    /// A new matrix of the rows `idx` (in that order), in the same layout and place (heap or huge
+    /// pages) as this one.
     pub fn select_rows(&self, idx: &[usize]) -> Packed {
-        Self::from_rows(self.kind, self.layout, idx.len(), self.cols, |i, c, d, m| {
+        Self::from_rows(self.kind, self.layout, idx.len(), self.cols, self.qs.place(), |i, c, d, m| {
             let r = idx[i];
             self.row_codes(r, c);
             for b in 0..self.nbp {

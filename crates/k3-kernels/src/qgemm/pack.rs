@@ -2,6 +2,7 @@
 //! store them and the scales (and mins, second scales, super-block scales) they read.
 
 use super::{rows16, rows16_simd, Kind, Layout, Packed, BLOCK};
+use crate::hugebuf::{Buf, Place};
 use crate::quant::k_quants::{q4_k_codes, q5_k_blocks, q6_k_halves, scale_min_k4, Q4K_BYTES, Q5K_BYTES, Q6K_BYTES, QK};
 use crate::quant::k_quants_low::{q2_k_codes, q2_k_d_dmin_bits, q3_k_halves, Q2K_BYTES, Q3K_BYTES};
 use crate::quant::{iq4, GgmlType};
@@ -63,7 +64,7 @@ impl Packed {
     /// [`Kind::IQ4NL`] in 16-row groups (as stored, 4.5 bits a weight, as the K-quants) and
     /// elsewhere the Q8_0 blocks they equal exactly (8.5 bits); IQ4_XS rows enter as IQ4_NL
     /// blocks with each block's scale rounded to f16 (`iq4::xs_as_nl`).
-    pub fn pack(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Option<Packed> {
+    pub fn pack(ty: GgmlType, rows: usize, cols: usize, data: &[u8], place: Place) -> Option<Packed> {
         let layout = match ty {
             GgmlType::Q2_K
             | GgmlType::Q3_K
@@ -80,14 +81,16 @@ impl Packed {
             }
             _ => Layout::best(),
         };
-        Self::pack_as(ty, rows, cols, data, layout)
+        Self::pack_as(ty, rows, cols, data, layout, place)
     }
 
     /// [`Packed::pack`] a band of rows at a time (whole 16-row groups, about `band_bytes` of
     /// `data` each), handing each band's bytes to `done` once it is repacked: a caller reading
     /// the rows from a mapped file can drop their pages as it goes, so the load holds the repacked
     /// matrix and one band of the file's pages at once, not the whole tensor twice. The same
-    /// matrix as one `pack` (the layouts are band-contiguous: row-major, or 16-row groups).
+    /// matrix as one `pack` (the layouts are band-contiguous: row-major, or 16-row groups), on
+    /// huge pages from the first write ([`Place::Huge`]): a matrix of one band is packed there
+    /// directly, a larger one band by band on the heap, each band copied into its place.
     pub fn pack_bands(
         ty: GgmlType,
         rows: usize,
@@ -98,32 +101,28 @@ impl Packed {
     ) -> Option<Packed> {
         let rb = ty.row_bytes(cols);
         let band = (band_bytes / rb.max(1)).max(1).next_multiple_of(rows16::ROWS);
+        if rows <= band {
+            let whole = Self::pack(ty, rows, cols, data, Place::Huge)?;
+            done(data);
+            return Some(whole);
+        }
         let mut whole: Option<Packed> = None;
+        let (mut qs, mut d, mut m) = (0, 0, 0); // where the next band goes
         for r0 in (0..rows).step_by(band) {
             let rows_here = band.min(rows - r0);
             let bytes = &data[r0 * rb..(r0 + rows_here) * rb];
-            let part = Self::pack(ty, rows_here, cols, bytes)?;
+            let part = Self::pack(ty, rows_here, cols, bytes, Place::Heap)?;
             done(bytes);
-            match &mut whole {
-                None => {
-                    // Room for the other bands at once (none is larger than the first), so the
-                    // arrays are not regrown, and copied, band after band.
-                    let more = rows.div_ceil(band) - 1;
-                    let mut w = part;
-                    w.qs.reserve_exact(more * w.qs.len());
-                    w.d.reserve_exact(more * w.d.len());
-                    w.m.reserve_exact(more * w.m.len());
-                    whole = Some(w);
-                }
-                Some(w) => {
-                    debug_assert!(w.rows.is_multiple_of(w.row_align()) && (w.kind, w.nbp) == (part.kind, part.nbp));
-                    w.rows += part.rows;
-                    w.qs.extend_from_slice(&part.qs);
-                    w.d.extend_from_slice(&part.d);
-                    w.m.extend_from_slice(&part.m);
-                }
-            }
+            let w = whole.get_or_insert_with(|| Self::zeroed(part.kind, part.layout, rows, cols, Place::Huge));
+            debug_assert!(
+                r0.is_multiple_of(w.row_align()) && (w.kind, w.layout, w.nbp) == (part.kind, part.layout, part.nbp)
+            );
+            w.qs[qs..qs + part.qs.len()].copy_from_slice(&part.qs);
+            w.d[d..d + part.d.len()].copy_from_slice(&part.d);
+            w.m[m..m + part.m.len()].copy_from_slice(&part.m);
+            (qs, d, m) = (qs + part.qs.len(), d + part.d.len(), m + part.m.len());
         }
+        debug_assert!(whole.as_ref().is_none_or(|w| (w.qs.len(), w.d.len(), w.m.len()) == (qs, d, m)));
         whole
     }
 
@@ -139,37 +138,64 @@ impl Packed {
     }
 
     /// [`Packed::pack`] in a given layout.
-    pub fn pack_as(ty: GgmlType, rows: usize, cols: usize, data: &[u8], layout: Layout) -> Option<Packed> {
+    pub fn pack_as(
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        data: &[u8],
+        layout: Layout,
+        place: Place,
+    ) -> Option<Packed> {
         match ty {
             GgmlType::Q4_K if layout == Layout::Rows16 => {
-                return Self::pack_super_blocks(Kind::Q4K, (rows, cols, data, layout), Q4K_BYTES, q4_k_super_block)
+                return Self::pack_super_blocks(
+                    Kind::Q4K,
+                    (rows, cols, data, layout, place),
+                    Q4K_BYTES,
+                    q4_k_super_block,
+                )
             }
             GgmlType::Q4_K => {
                 let q41 = crate::quant::k_quants::q4_k_as_q4_1(data);
-                return Self::pack_as(GgmlType::Q4_1, rows, cols, &q41, layout);
+                return Self::pack_as(GgmlType::Q4_1, rows, cols, &q41, layout, place);
             }
             GgmlType::Q5_0 if layout == Layout::RowPairs => {
-                return Self::pack_as(GgmlType::Q8_0, rows, cols, &crate::quant::q5_0::as_q8_0(data), layout)
+                return Self::pack_as(GgmlType::Q8_0, rows, cols, &crate::quant::q5_0::as_q8_0(data), layout, place)
             }
-            GgmlType::Q5_0 => return Self::pack_q5(Kind::Q5_0, rows, cols, data, layout),
+            GgmlType::Q5_0 => return Self::pack_q5(Kind::Q5_0, rows, cols, data, layout, place),
             GgmlType::Q6_K => {
-                return Self::pack_super_blocks(Kind::Q6K, (rows, cols, data, layout), Q6K_BYTES, q6_k_super_block)
+                return Self::pack_super_blocks(
+                    Kind::Q6K,
+                    (rows, cols, data, layout, place),
+                    Q6K_BYTES,
+                    q6_k_super_block,
+                )
             }
             GgmlType::Q5_K => {
-                return Self::pack_super_blocks(Kind::Q5K, (rows, cols, data, layout), Q5K_BYTES, q5_k_blocks)
+                return Self::pack_super_blocks(Kind::Q5K, (rows, cols, data, layout, place), Q5K_BYTES, q5_k_blocks)
             }
             GgmlType::Q3_K => {
-                return Self::pack_super_blocks(Kind::Q3K, (rows, cols, data, layout), Q3K_BYTES, q3_k_super_block)
+                return Self::pack_super_blocks(
+                    Kind::Q3K,
+                    (rows, cols, data, layout, place),
+                    Q3K_BYTES,
+                    q3_k_super_block,
+                )
             }
             GgmlType::Q2_K => {
-                return Self::pack_super_blocks(Kind::Q2K, (rows, cols, data, layout), Q2K_BYTES, q2_k_super_block)
+                return Self::pack_super_blocks(
+                    Kind::Q2K,
+                    (rows, cols, data, layout, place),
+                    Q2K_BYTES,
+                    q2_k_super_block,
+                )
             }
-            GgmlType::Q5_1 => return Self::pack_q5(Kind::Q5_1, rows, cols, data, layout),
+            GgmlType::Q5_1 => return Self::pack_q5(Kind::Q5_1, rows, cols, data, layout, place),
             GgmlType::IQ4_NL if layout == Layout::RowPairs => {
-                return Self::pack_as(GgmlType::Q8_0, rows, cols, &iq4::nl_as_q8_0(data), layout)
+                return Self::pack_as(GgmlType::Q8_0, rows, cols, &iq4::nl_as_q8_0(data), layout, place)
             }
             GgmlType::IQ4_XS if cols.is_multiple_of(QK) => {
-                return Self::pack_as(GgmlType::IQ4_NL, rows, cols, &iq4::xs_as_nl(data), layout)
+                return Self::pack_as(GgmlType::IQ4_NL, rows, cols, &iq4::xs_as_nl(data), layout, place)
             }
             _ => {}
         }
@@ -178,9 +204,9 @@ impl Packed {
             return None;
         }
         if layout == Layout::Rows16 && !kind.byte_codes() {
-            return Some(Self::nibbles_rows16(kind, rows, cols, data, bb, off));
+            return Some(Self::nibbles_rows16(kind, rows, cols, data, bb, off, place));
         }
-        Some(Self::blocks_by_codes(kind, layout, rows, cols, data, bb, off))
+        Some(Self::blocks_by_codes(kind, layout, rows, cols, data, bb, off, place))
     }
 
     /// Q4_0, Q4_1 or IQ4_NL rows (`kind`; blocks of `bb` bytes, codes from byte `off`) in the
@@ -190,8 +216,16 @@ impl Packed {
     /// same matrix as [`Packed::blocks_by_codes`] (test). With it and `store_row`'s lanes,
     /// `k3mini logits` on the 370M Q4_0 (start, load, one token) went from 0.88–0.90 s to
     /// 0.39–0.41 s on the Emerald Rapids class host.
-    fn nibbles_rows16(kind: Kind, rows: usize, cols: usize, data: &[u8], bb: usize, off: usize) -> Packed {
-        let mut p = Self::zeroed(kind, Layout::Rows16, rows, cols);
+    fn nibbles_rows16(
+        kind: Kind,
+        rows: usize,
+        cols: usize,
+        data: &[u8],
+        bb: usize,
+        off: usize,
+        place: Place,
+    ) -> Packed {
+        let mut p = Self::zeroed(kind, Layout::Rows16, rows, cols, place);
         let (nb, nbp) = (cols / BLOCK, p.nbp);
         let gb = rows16::ROWS * p.row_qs() / nbp; // bytes of a group's block
         debug_assert_eq!(data.len(), rows * nb * bb);
@@ -223,11 +257,12 @@ impl Packed {
         data: &[u8],
         bb: usize,
         off: usize,
+        place: Place,
     ) -> Packed {
         let nb = cols / BLOCK;
         let row_bytes = nb * bb;
         debug_assert_eq!(data.len(), rows * row_bytes);
-        Self::from_rows(kind, layout, rows, cols, |r, codes, d, m| {
+        Self::from_rows(kind, layout, rows, cols, place, |r, codes, d, m| {
             let row = &data[r * row_bytes..(r + 1) * row_bytes];
             for b in 0..nb {
                 let blk = &row[b * bb..(b + 1) * bb];
@@ -259,7 +294,7 @@ impl Packed {
     /// refuses one (a scale past f16's range: the caller keeps ggml's row dots).
     fn pack_super_blocks(
         kind: Kind,
-        (rows, cols, data, layout): (usize, usize, &[u8], Layout),
+        (rows, cols, data, layout, place): (usize, usize, &[u8], Layout, Place),
         bytes: usize,
         block: fn(&[u8]) -> Option<SuperBlock>,
     ) -> Option<Packed> {
@@ -269,7 +304,7 @@ impl Packed {
         debug_assert_eq!(data.len(), rows * cols / QK * bytes);
         let refused = std::cell::Cell::new(false);
         let mk = kind.m_per_row(8); // `m` entries per super-block
-        let p = Self::from_rows(kind, layout, rows, cols, |r, codes, d, m| {
+        let p = Self::from_rows(kind, layout, rows, cols, place, |r, codes, d, m| {
             let row = &data[r * cols / QK * bytes..(r + 1) * cols / QK * bytes];
             for (k, blk) in row.chunks_exact(bytes).enumerate() {
                 let Some((q, sc, mn)) = block(blk) else { return refused.set(true) };
@@ -283,7 +318,7 @@ impl Packed {
 
     /// Q5_0 or Q5_1 rows (`kind`) in the 16-row layout, exactly (their f16 scale and, for Q5_1,
     /// min; codes 0..31); `None` in row pairs.
-    fn pack_q5(kind: Kind, rows: usize, cols: usize, data: &[u8], layout: Layout) -> Option<Packed> {
+    fn pack_q5(kind: Kind, rows: usize, cols: usize, data: &[u8], layout: Layout, place: Place) -> Option<Packed> {
         use crate::quant::q5_0::unpack_five_bits;
         if layout != Layout::Rows16 || !cols.is_multiple_of(BLOCK) {
             return None;
@@ -292,7 +327,7 @@ impl Packed {
         let head = if kind == Kind::Q5_1 { 4 } else { 2 };
         let (nb, bytes) = (cols / BLOCK, head + 20);
         debug_assert_eq!(data.len(), rows * nb * bytes);
-        Some(Self::from_rows(kind, layout, rows, cols, |r, c, d, m| {
+        Some(Self::from_rows(kind, layout, rows, cols, place, |r, c, d, m| {
             for (b, blk) in data[r * nb * bytes..(r + 1) * nb * bytes].chunks_exact(bytes).enumerate() {
                 c[b * BLOCK..(b + 1) * BLOCK].copy_from_slice(&unpack_five_bits(&blk[head..]));
                 d[b] = u16::from_le_bytes([blk[0], blk[1]]);
@@ -305,7 +340,7 @@ impl Packed {
 
     /// An all-zero matrix of `rows` × `cols` (a multiple of 32) in `layout`: blocks padded to an
     /// even count, rows (Rows16) to whole 16-row groups.
-    fn zeroed(kind: Kind, layout: Layout, rows: usize, cols: usize) -> Packed {
+    fn zeroed(kind: Kind, layout: Layout, rows: usize, cols: usize, place: Place) -> Packed {
         let nb = cols / BLOCK;
         let nbp = nb + nb % 2;
         let stored_rows = if layout == Layout::Rows16 { rows.next_multiple_of(rows16::ROWS) } else { rows };
@@ -315,12 +350,12 @@ impl Packed {
             rows,
             cols,
             nbp,
-            qs: Vec::new(),
-            d: vec![0u16; stored_rows * nbp],
-            m: if kind.has_m() { vec![0u16; stored_rows * kind.m_per_row(nbp)] } else { Vec::new() },
+            qs: Buf::default(),
+            d: Buf::zeroed(stored_rows * nbp, place),
+            m: Buf::zeroed(if kind.has_m() { stored_rows * kind.m_per_row(nbp) } else { 0 }, place),
             pair: Default::default(),
         };
-        p.qs = vec![0u8; stored_rows * p.row_qs()];
+        p.qs = Buf::zeroed(stored_rows * p.row_qs(), place);
         p
     }
 
@@ -333,9 +368,10 @@ impl Packed {
         layout: Layout,
         rows: usize,
         cols: usize,
+        place: Place,
         mut row: impl FnMut(usize, &mut [u8], &mut [u16], &mut [u16]),
     ) -> Packed {
-        let mut p = Self::zeroed(kind, layout, rows, cols);
+        let mut p = Self::zeroed(kind, layout, rows, cols, place);
         let (nbp, per_row) = (p.nbp, p.row_qs());
         let mut codes = vec![0u8; nbp * BLOCK];
         let (mut d, mut m) = (vec![0u16; nbp], vec![0u16; nbp]);
@@ -405,7 +441,7 @@ mod tests {
                     (codes, d, m)
                 })
                 .collect();
-            let fast = Packed::from_rows(kind, Layout::Rows16, rows, cols, |r, c, d, m| {
+            let fast = Packed::from_rows(kind, Layout::Rows16, rows, cols, Place::Heap, |r, c, d, m| {
                 c.copy_from_slice(&per_row[r].0);
                 d.copy_from_slice(&per_row[r].1);
                 m.copy_from_slice(&per_row[r].2);
@@ -431,8 +467,8 @@ mod tests {
                 let w = rng.normals(rows * cols, 1.0);
                 let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
                 let (kind, bb, off) = Packed::block_kind(ty).expect("a 32-code block type");
-                let fast = Packed::nibbles_rows16(kind, rows, cols, &data, bb, off);
-                let slow = Packed::blocks_by_codes(kind, Layout::Rows16, rows, cols, &data, bb, off);
+                let fast = Packed::nibbles_rows16(kind, rows, cols, &data, bb, off, Place::Huge);
+                let slow = Packed::blocks_by_codes(kind, Layout::Rows16, rows, cols, &data, bb, off, Place::Heap);
                 assert_eq!((fast.rows, fast.cols, fast.nbp), (slow.rows, slow.cols, slow.nbp), "{ty:?} {rows}x{cols}");
                 assert!(fast.qs == slow.qs && fast.d == slow.d && fast.m == slow.m, "{ty:?} {rows}x{cols}");
             }

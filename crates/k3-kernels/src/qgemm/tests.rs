@@ -2,6 +2,7 @@
 
 use super::acts::round_even_small;
 use super::*;
+use crate::hugebuf::Place;
 use crate::testing::Rng;
 
 #[test]
@@ -106,7 +107,7 @@ fn long_prefills_cross_token_blocks() {
         let w = rng.normals(rows * cols, 0.4);
         let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
         let want = gemm_ref(ty, &data, rows, cols, &x, t);
-        let p = Packed::pack_as(ty, rows, cols, &data, Layout::Rows16).expect("a 16-row type");
+        let p = Packed::pack_as(ty, rows, cols, &data, Layout::Rows16, Place::Heap).expect("a 16-row type");
         for isa in Isa::available() {
             let mut got = vec![f32::NAN; rows * t];
             gemm_rows(isa, &p, &a, 0, rows, &mut got);
@@ -146,7 +147,7 @@ fn every_isa_matches_ggml_vec_dot() {
             // Every layout on every path: a path that does not read a layout falls back to one
             // that does (the scalar loops at least), so each pair must still be right.
             let layouts = [Layout::RowPairs, Layout::Rows16];
-            let packs = layouts.iter().filter_map(|&l| Packed::pack_as(ty, rows, cols, &data, l));
+            let packs = layouts.iter().filter_map(|&l| Packed::pack_as(ty, rows, cols, &data, l, Place::Huge));
             for (p, isa) in packs.flat_map(|p| Isa::available().into_iter().map(move |i| (p.clone(), i))) {
                 let p = &p;
                 let align = p.row_align();
@@ -212,9 +213,10 @@ fn k_quant_tiles_match_ggml_codes_and_scales() {
             let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
             let name = ty.name();
             // In row pairs Q4_K enters as Q4_1 blocks; the others have no row-pair tiles.
-            let pairs = Packed::pack_as(ty, rows, cols, &data, Layout::RowPairs).map(|p| p.kind);
+            let pairs = Packed::pack_as(ty, rows, cols, &data, Layout::RowPairs, Place::Heap).map(|p| p.kind);
             assert_eq!(pairs, (ty == GgmlType::Q4_K).then_some(Kind::Q4_1), "{name}: row-pair tiles");
-            let p = Packed::pack_as(ty, rows, cols, &data, Layout::Rows16).expect("packs in 16-row groups");
+            let p =
+                Packed::pack_as(ty, rows, cols, &data, Layout::Rows16, Place::Heap).expect("packs in 16-row groups");
             let kind = match ty {
                 GgmlType::Q6_K => Kind::Q6K,
                 GgmlType::Q5_K => Kind::Q5K,
@@ -335,7 +337,7 @@ fn packed_rows_dequantize_like_ggml_and_select() {
         let (cols, tol) = if ty.block_elems() == 256 { (512, 2e-3) } else { (cols, 1e-6) };
         let w = rng.normals(rows * cols, 0.4);
         let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
-        let p = Packed::pack_as(ty, rows, cols, &data, layout).expect("every type packs in every layout");
+        let p = Packed::pack_as(ty, rows, cols, &data, layout, Place::Heap).expect("every type packs in every layout");
         let rb = ty.row_bytes(cols);
         let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
         let sel = p.select_rows(&[17, 4, 1]);
@@ -360,7 +362,8 @@ fn scalar_path_is_always_there() {
 }
 
 /// Packing a band of rows at a time gives the bytes of one `pack`, for every kind and layout,
-/// with a last band shorter than the others; every row's bytes are handed back once, in order.
+/// with a last band shorter than the others, and as one band; every row's bytes are handed back
+/// once, in order; the result is on huge pages where they are on (Linux, not turned off).
 #[test]
 fn packing_in_bands_equals_packing_at_once() {
     let mut rng = Rng::new(31);
@@ -370,16 +373,20 @@ fn packing_in_bands_equals_packing_at_once() {
     for ty in types.into_iter().chain(k_quants) {
         let w = rng.normals(rows * cols, 0.4);
         let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
-        let whole = Packed::pack(ty, rows, cols, &data).expect("packs");
-        let mut seen = 0;
-        let banded = Packed::pack_bands(ty, rows, cols, &data, 3 * ty.row_bytes(cols), |b| {
-            assert_eq!(b.as_ptr(), data[seen..].as_ptr(), "{}: bands in order", ty.name());
-            seen += b.len();
-        })
-        .expect("packs in bands");
-        assert_eq!(seen, data.len(), "{}: every byte handed back", ty.name());
-        let key = |p: &Packed| (p.kind, p.layout, p.rows, p.cols, p.nbp, p.qs.clone(), p.d.clone(), p.m.clone());
-        assert!(key(&whole) == key(&banded), "{}: banded packing differs", ty.name());
+        let whole = Packed::pack(ty, rows, cols, &data, Place::Heap).expect("packs");
+        for band_rows in [3, rows] {
+            let mut seen = 0;
+            let banded = Packed::pack_bands(ty, rows, cols, &data, band_rows * ty.row_bytes(cols), |b| {
+                assert_eq!(b.as_ptr(), data[seen..].as_ptr(), "{}: bands in order", ty.name());
+                seen += b.len();
+            })
+            .expect("packs in bands");
+            assert_eq!(seen, data.len(), "{}: every byte handed back", ty.name());
+            let key = |p: &Packed| (p.kind, p.layout, p.rows, p.cols, p.nbp, p.qs.clone(), p.d.clone(), p.m.clone());
+            assert!(key(&whole) == key(&banded), "{}: banded packing differs ({band_rows} rows a band)", ty.name());
+            let huge = cfg!(target_os = "linux") && crate::hugebuf::enabled();
+            assert_eq!(banded.qs.is_huge(), huge, "{}: the banded matrix's place", ty.name());
+        }
     }
 }
 
