@@ -105,7 +105,7 @@ impl Matrix {
                 cols: self.cols,
                 ty: self.ty,
                 data: Vec::new(),
-                packed: Some(Arc::new(p.select_rows(perm))),
+                packed: Some(Arc::new(p.select_rows(perm, Place::Heap))),
                 name: None,
             };
         }

@@ -89,7 +89,9 @@ impl Source {
         }
     }
 
-    fn gguf_matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
+    /// With `perm`, row i of the matrix is the tensor's row `perm[i]` (reordered as ggml rows,
+    /// before the repacking, which then writes each row once).
+    fn gguf_matrix(&self, name: &str, rows: usize, cols: usize, perm: Option<&[usize]>) -> Result<Matrix> {
         let Source::Gguf { file, .. } = self else {
             return unreachable_gguf();
         };
@@ -101,7 +103,14 @@ impl Source {
                 info.ne
             )));
         }
-        Ok(Matrix::from_ggml(rows, cols, ty, bytes, |read| file.release_bytes(read)))
+        let Some(perm) = perm else {
+            return Ok(Matrix::from_ggml(rows, cols, ty, bytes, |read| file.release_bytes(read)));
+        };
+        let rb = ty.row_bytes(cols);
+        debug_assert!(perm.len() == rows && perm.iter().all(|&r| r < rows));
+        let reordered: Vec<u8> = perm.iter().flat_map(|&r| &bytes[r * rb..(r + 1) * rb]).copied().collect();
+        file.release_bytes(bytes);
+        Ok(Matrix::from_ggml(rows, cols, ty, &reordered, |_| {}))
     }
 
     fn gguf_f32(&self, name: &str, n: usize) -> Result<Vec<f32>> {
@@ -124,7 +133,7 @@ impl Source {
         let name = self.gguf_name_of(hf)?;
         let m = match self {
             Source::Hf { .. } => Matrix::from_f32(rows, cols, &self.hf_f32(hf)?),
-            Source::Gguf { .. } => self.gguf_matrix(&name, rows, cols)?,
+            Source::Gguf { .. } => self.gguf_matrix(&name, rows, cols, None)?,
         };
         Ok(m.named(&name))
     }
@@ -213,8 +222,8 @@ impl Source {
             Source::Gguf { file, .. } => {
                 if file.tensor_info(&blk(i, "attn_k_b.weight")).is_some() {
                     Ok((
-                        self.gguf_matrix(&blk(i, "attn_k_b.weight"), h * r, dn)?,
-                        self.gguf_matrix(&blk(i, "attn_v_b.weight"), h * dv, r)?,
+                        self.gguf_matrix(&blk(i, "attn_k_b.weight"), h * r, dn, None)?,
+                        self.gguf_matrix(&blk(i, "attn_v_b.weight"), h * dv, r, None)?,
                     ))
                 } else {
                     Ok(split(&self.gguf_f32(&blk(i, "attn_kv_b.weight"), h * (dn + dv) * r)?))
@@ -289,7 +298,7 @@ impl Source {
     /// A Llama attention weight in HF row order. llama.cpp's converter permutes Q/K rows per head
     /// for its adjacent-pair RoPE (interop.md §6); undo that so one rotate-half RoPE serves both.
     pub fn llama_attn(&self, i: usize, which: &str, rows: usize, cols: usize, heads: usize) -> Result<Matrix> {
-        let m = self.matrix(&format!("model.layers.{i}.self_attn.{which}_proj.weight"), rows, cols)?;
+        let hf = format!("model.layers.{i}.self_attn.{which}_proj.weight");
         match self {
             Source::Gguf { .. } if which == "q" || which == "k" => {
                 let hd = rows / heads;
@@ -302,9 +311,10 @@ impl Source {
                         }
                     }
                 }
-                Ok(m.permute_rows(&perm))
+                let name = self.gguf_name_of(&hf)?;
+                Ok(self.gguf_matrix(&name, rows, cols, Some(&perm))?.named(&name))
             }
-            _ => Ok(m),
+            _ => self.matrix(&hf, rows, cols),
         }
     }
 

@@ -32,7 +32,7 @@ mod x86;
 
 use std::sync::OnceLock;
 
-use crate::hugebuf::Buf;
+use crate::hugebuf::{Buf, Place};
 use crate::quant::GgmlType;
 
 pub const BLOCK: usize = 32;
@@ -372,10 +372,9 @@ impl Packed {
         }
     }
 
-    /// A new matrix of the rows `idx` (in that order), in the same layout and place (heap or huge
-    /// pages) as this one.
-    pub fn select_rows(&self, idx: &[usize]) -> Packed {
-        Self::from_rows(self.kind, self.layout, idx.len(), self.cols, self.qs.place(), |i, c, d, m| {
+    /// A new matrix of the rows `idx` (in that order), in the same layout, in `place`.
+    pub fn select_rows(&self, idx: &[usize], place: Place) -> Packed {
+        Self::from_rows(self.kind, self.layout, idx.len(), self.cols, place, |i, c, d, m| {
             let r = idx[i];
             self.row_codes(r, c);
             for b in 0..self.nbp {

@@ -340,7 +340,7 @@ fn packed_rows_dequantize_like_ggml_and_select() {
         let p = Packed::pack_as(ty, rows, cols, &data, layout, Place::Heap).expect("every type packs in every layout");
         let rb = ty.row_bytes(cols);
         let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
-        let sel = p.select_rows(&[17, 4, 1]);
+        let sel = p.select_rows(&[17, 4, 1], Place::Huge);
         assert_eq!((sel.layout, sel.rows), (layout, 3));
         for r in 0..rows {
             ty.dequantize_row(&data[r * rb..(r + 1) * rb], &mut a);
