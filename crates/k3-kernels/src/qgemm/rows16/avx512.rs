@@ -80,11 +80,16 @@ pub(super) unsafe fn tile<
         _ => Scaling::of(w.kind),
     };
     let has_m = matches!(scaling, Scaling::Min | Scaling::Halves(_));
-    // With VNNI and no planes the high nibbles stay in place (16 × each code, ≤ 240: still an
-    // unsigned byte): one AND a group instead of a shift and an AND, and one shift per block
-    // of the high codes' sums, which are then exact multiples of 16 (+8% on a hot 7 MiB Q4_0
-    // GEMV, Zen 4).
-    let x16 = VNNI && P == 0;
+    // One token, with VNNI and no planes: the high nibbles stay in place (16 × each code, ≤ 240:
+    // still an unsigned byte), one AND a group instead of a shift and an AND, and one shift per
+    // block of the high codes' sums, which are then exact multiples of 16 (+8% on a hot 7 MiB
+    // Q4_0 GEMV, Zen 4). With several tokens a group's shift is shared by all of them while the
+    // per-block shift and add are per token, so they take the codes in place instead.
+    let x16 = VNNI && P == 0 && C == 1;
+    // With VNNI and one scale a block, the low and high codes' products go into one set of
+    // 32-bit lanes when there are enough tokens to keep several vpdpbusd chains in flight: no
+    // per-block add of the two sets for each token.
+    let one_set = VNNI && !H && C >= 4;
     let ones = _mm512_set1_epi16(1);
     let gb = GROUP_BLOCK + P * PLANE;
     let mut acc = [[_mm512_setzero_ps(); C]; G];
@@ -111,7 +116,9 @@ pub(super) unsafe fn tile<
                 for c in 0..C {
                     let xa = _mm512_set1_epi32((xq[c].add(b * BLOCK + 4 * j) as *const i32).read_unaligned());
                     let xb = _mm512_set1_epi32((xq[c].add(b * BLOCK + 16 + 4 * j) as *const i32).read_unaligned());
-                    if VNNI {
+                    if VNNI && one_set {
+                        isum[c] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(isum[c], lo4, xa), hi4, xb);
+                    } else if VNNI {
                         isum[c] = _mm512_dpbusd_epi32(isum[c], lo4, xa);
                         isum2[c] = _mm512_dpbusd_epi32(isum2[c], hi4, xb);
                     } else if P == 0 && !H {
@@ -140,6 +147,8 @@ pub(super) unsafe fn tile<
                         (_mm512_madd_epi16(isum[g][c], ones), _mm512_madd_epi16(isum2[g][c], ones))
                     };
                     (_mm512_cvtepi32_ps(dot0), _mm512_cvtepi32_ps(dot1))
+                } else if one_set {
+                    (_mm512_cvtepi32_ps(isum[g][c]), _mm512_setzero_ps())
                 } else if VNNI || P > 0 {
                     (_mm512_cvtepi32_ps(_mm512_add_epi32(isum[g][c], hi)), _mm512_setzero_ps())
                 } else {
