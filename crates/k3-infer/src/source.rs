@@ -108,7 +108,10 @@ impl Source {
         };
         let rb = ty.row_bytes(cols);
         debug_assert!(perm.len() == rows && perm.iter().all(|&r| r < rows));
-        let reordered: Vec<u8> = perm.iter().flat_map(|&r| &bytes[r * rb..(r + 1) * rb]).copied().collect();
+        let mut reordered = Vec::with_capacity(bytes.len());
+        for &r in perm {
+            reordered.extend_from_slice(&bytes[r * rb..(r + 1) * rb]);
+        }
         file.release_bytes(bytes);
         Ok(Matrix::from_ggml(rows, cols, ty, &reordered, |_| {}))
     }

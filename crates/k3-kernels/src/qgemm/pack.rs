@@ -203,44 +203,51 @@ impl Packed {
         if !cols.is_multiple_of(BLOCK) {
             return None;
         }
-        if layout == Layout::Rows16 && !kind.byte_codes() {
-            return Some(Self::nibbles_rows16(kind, rows, cols, data, bb, off, place));
+        if layout == Layout::Rows16 {
+            return Some(Self::stored_rows16(kind, rows, cols, data, bb, off, place));
         }
         Some(Self::blocks_by_codes(kind, layout, rows, cols, data, bb, off, place))
     }
 
-    /// Q4_0, Q4_1 or IQ4_NL rows (`kind`; blocks of `bb` bytes, codes from byte `off`) in the
-    /// 16-row layout, copied as stored: ggml's code byte j of a block holds codes j and j + 16,
+    /// Q4_0, Q4_1, IQ4_NL or Q8_0 rows (`kind`; blocks of `bb` bytes, codes from byte `off`) in
+    /// the 16-row layout, copied as stored: ggml's code byte j of a block holds codes j and j + 16,
     /// which is the tiles' byte for row r's lane of 4-code group j / 4 (`rows16::code_at`), so
     /// each block is four 4-byte copies and its scale (and min), with no code taken apart. The
     /// same matrix as [`Packed::blocks_by_codes`] (test). With it and `store_row`'s lanes,
     /// `k3mini logits` on the 370M Q4_0 (start, load, one token) went from 0.88–0.90 s to
-    /// 0.39–0.41 s on the Emerald Rapids class host.
-    fn nibbles_rows16(
-        kind: Kind,
-        rows: usize,
-        cols: usize,
-        data: &[u8],
-        bb: usize,
-        off: usize,
-        place: Place,
-    ) -> Packed {
+    /// 0.39–0.41 s on the Emerald Rapids class host. Q8_0 rows likewise (since 2026-12-06): its
+    /// code bytes 4g..4g + 4 are row r's lane of group g, each stored as code + 128 (the sign bit
+    /// flipped), and a pad block's codes are 128.
+    fn stored_rows16(kind: Kind, rows: usize, cols: usize, data: &[u8], bb: usize, off: usize, place: Place) -> Packed {
         let mut p = Self::zeroed(kind, Layout::Rows16, rows, cols, place);
         let (nb, nbp) = (cols / BLOCK, p.nbp);
         let gb = rows16::ROWS * p.row_qs() / nbp; // bytes of a group's block
+        let byte = kind.byte_codes();
+        let code_bytes = if byte { BLOCK } else { BLOCK / 2 }; // a block's code bytes
         debug_assert_eq!(data.len(), rows * nb * bb);
         for (r, row) in data.chunks_exact(nb * bb).enumerate() {
             let lane = (r % rows16::ROWS) * 4;
             let group = (r / rows16::ROWS) * nbp * gb;
             for (b, blk) in row.chunks_exact(bb).enumerate() {
                 let out = &mut p.qs[group + b * gb..group + (b + 1) * gb];
-                for (g, four) in blk[off..off + 16].chunks_exact(4).enumerate() {
-                    out[g * 64 + lane..g * 64 + lane + 4].copy_from_slice(four);
+                for (g, four) in blk[off..off + code_bytes].chunks_exact(4).enumerate() {
+                    let lanes = &mut out[g * 64 + lane..g * 64 + lane + 4];
+                    match byte {
+                        true => lanes.iter_mut().zip(four).for_each(|(o, &c)| *o = c ^ 0x80),
+                        false => lanes.copy_from_slice(four),
+                    }
                 }
                 let i = rows16::scale_at(nbp, r, b);
                 p.d[i] = u16::from_le_bytes([blk[0], blk[1]]);
                 if kind.has_m() {
                     p.m[i] = u16::from_le_bytes([blk[2], blk[3]]);
+                }
+            }
+            if byte && nb < nbp {
+                // The pad block's codes stand for 0.
+                let out = &mut p.qs[group + nb * gb..group + (nb + 1) * gb];
+                for g in 0..BLOCK / 4 {
+                    out[g * 64 + lane..g * 64 + lane + 4].fill(128);
                 }
             }
         }
@@ -457,17 +464,17 @@ mod tests {
         }
     }
 
-    /// The 16-row nibble kinds copied as stored are the matrix their codes give, byte for byte:
+    /// The 16-row 32-code kinds copied as stored are the matrix their codes give, byte for byte:
     /// rows not a multiple of 16, an odd number of blocks (a pad block), every such kind.
     #[test]
-    fn nibble_blocks_copied_as_stored_equal_the_codes_path() {
+    fn blocks_copied_as_stored_equal_the_codes_path() {
         let mut rng = Rng::new(5);
-        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::IQ4_NL] {
+        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::IQ4_NL, GgmlType::Q8_0] {
             for (rows, cols) in [(37, 96), (16, 64), (5, 32)] {
                 let w = rng.normals(rows * cols, 1.0);
                 let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
                 let (kind, bb, off) = Packed::block_kind(ty).expect("a 32-code block type");
-                let fast = Packed::nibbles_rows16(kind, rows, cols, &data, bb, off, Place::Huge);
+                let fast = Packed::stored_rows16(kind, rows, cols, &data, bb, off, Place::Huge);
                 let slow = Packed::blocks_by_codes(kind, Layout::Rows16, rows, cols, &data, bb, off, Place::Heap);
                 assert_eq!((fast.rows, fast.cols, fast.nbp), (slow.rows, slow.cols, slow.nbp), "{ty:?} {rows}x{cols}");
                 assert!(fast.qs == slow.qs && fast.d == slow.d && fast.m == slow.m, "{ty:?} {rows}x{cols}");
