@@ -48,9 +48,13 @@ pub enum Isa {
     Amx,
 }
 
-/// Fewest tokens for which [`Isa::Amx`] runs; fewer take the AVX-512 path (a 16-token tile would
-/// be mostly padding).
-pub const AMX_MIN_TOKENS: usize = 8;
+/// Fewest tokens for which [`Isa::Amx`] runs; fewer take the AVX-512 VNNI path. Below 16 a
+/// 16-token tile is part padding, and each row group's codes are unpacked into tile form for few
+/// tokens, while the VNNI tiles take 8 tokens a weight load at full width. It was 8 until
+/// 2026-12-06; on the Emerald Rapids class host a batched decode of 8 sequences (8 tokens a
+/// product, AMX) then read 266 tok/s against 349 for 4 (VNNI). Placed at 16 by that reasoning,
+/// not yet by a measurement on an AMX host (`examples/batch_decode MODEL 2 4,8,12,16,32`).
+pub const AMX_MIN_TOKENS: usize = 16;
 
 impl Isa {
     /// Every path this CPU supports, slowest first.
