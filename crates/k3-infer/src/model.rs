@@ -93,17 +93,19 @@ impl Model {
         let (src, warnings) = Source::open(path)?;
         let config = src.config().clone();
         let net = match &config {
-            ModelConfig::Kimi(c) => Net::Kimi(KimiModel::load(&src, c)?),
-            ModelConfig::Llama(c) => Net::Llama(LlamaModel::load(&src, c)?),
+            ModelConfig::Kimi(c) => KimiModel::load(&src, c).map(Net::Kimi),
+            ModelConfig::Llama(c) => LlamaModel::load(&src, c).map(Net::Llama),
         };
+        // This thread's open huge-page chunk is let go, after a failed load too (what was carved
+        // from it then goes with the dropped matrices).
+        k3_kernels::hugebuf::seal();
+        let net = net?;
         let n_ctx = match &config {
             ModelConfig::Kimi(c) => c.max_position_embeddings,
             ModelConfig::Llama(c) => c.max_position_embeddings,
         };
-        // The repacked weights are on huge pages already (k3_kernels::hugebuf); this thread's
-        // open chunk is let go, and the rest of the heap goes onto huge pages too (a hint; see
-        // hugepages).
-        k3_kernels::hugebuf::seal();
+        // The repacked weights are on huge pages already (k3_kernels::hugebuf); the rest of the
+        // heap goes onto huge pages too (a hint; see hugepages).
         crate::hugepages::collapse_anonymous();
         Ok((Self { net, config, n_ctx, compute: Compute::default() }, warnings))
     }

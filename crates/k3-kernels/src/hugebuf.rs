@@ -78,6 +78,15 @@ impl Plain for u8 {}
 impl Plain for u16 {}
 impl Plain for f32 {}
 
+/// Bytes of chunks mapped now, in the whole process ([`mapped_bytes`]).
+static MAPPED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Bytes of huge-page chunks this process has mapped now (address space; only the pages written
+/// are backed). Zero once every huge buffer is dropped and no thread holds an open chunk.
+pub fn mapped_bytes() -> usize {
+    MAPPED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// One mapping that huge buffers are carved from; unmapped with its last buffer.
 struct Chunk {
     base: usize,
@@ -104,6 +113,7 @@ impl Chunk {
             }
             sys::madvise(base as *mut _, len, sys::MADV_HUGEPAGE);
         }
+        MAPPED.fetch_add(len, std::sync::atomic::Ordering::Relaxed);
         Some(Chunk { base, len })
     }
 
@@ -121,6 +131,7 @@ impl Drop for Chunk {
         unsafe {
             sys::munmap(self.base as *mut _, self.len);
         }
+        MAPPED.fetch_sub(self.len, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
