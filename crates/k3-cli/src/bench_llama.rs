@@ -4,7 +4,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio};
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
@@ -25,61 +25,62 @@ fn python_and_script() -> (String, PathBuf) {
     (py, Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/bench/llama_cpp_bench.py"))
 }
 
-/// Seconds of each of `n` loads of `model` in llama.cpp (`Llama(...)` with a context of 512, each
-/// freed before the next), in a process of its own (`llama_cpp_bench.py --time-loads`); `None`
-/// (with a message) when llama_cpp is not installed.
-pub fn load_times(model: &Path, threads: usize, n: usize) -> Result<Option<Vec<f64>>> {
+/// Run the llama.cpp side's script once on `model` with `threads` threads and `args` (a mode of
+/// its own, e.g. `--logits`), to its end: its output on success, `None` (with a message saying
+/// what is `skipped`) when llama_cpp is not installed, an error naming the mode otherwise.
+fn run_script(model: &Path, threads: usize, args: &[&std::ffi::OsStr], skipped: &str) -> Result<Option<Output>> {
     let (py, script) = python_and_script();
     let out = Command::new(&py)
         .arg(&script)
         .arg(model)
-        .args(["--threads", &threads.to_string(), "--time-loads", &n.to_string()])
+        .args(["--threads", &threads.to_string()])
+        .args(args)
         .output()
         .with_context(|| format!("running {py} {}", script.display()))?;
     match out.status.code() {
-        Some(0) => {
-            let line = String::from_utf8_lossy(&out.stdout);
-            let v: Value = serde_json::from_str(line.trim())
-                .with_context(|| format!("bad answer from {} --time-loads: {line}", script.display()))?;
-            let secs: Vec<f64> = v["load_seconds"].as_array().into_iter().flatten().filter_map(Value::as_f64).collect();
-            if secs.len() != n {
-                bail!("{} timed {} loads of {} where {n} were asked", script.display(), secs.len(), model.display());
-            }
-            Ok(Some(secs))
-        }
+        Some(0) => Ok(Some(out)),
         Some(3) => {
-            eprintln!("llama.cpp is not installed in {py}; run scripts/setup-llama-cpp (our load time only)");
+            eprintln!("llama.cpp is not installed in {py}; run scripts/setup-llama-cpp ({skipped})");
             Ok(None)
         }
         code => Err(anyhow::anyhow!(
-            "{} --time-loads exited ({code:?}) on {}:\n{}",
+            "{} {} exited ({code:?}) on {}:\n{}",
             script.display(),
+            args.first().map_or(std::borrow::Cow::Borrowed(""), |a| a.to_string_lossy()),
             model.display(),
             String::from_utf8_lossy(&out.stderr)
         )),
     }
 }
 
+/// Seconds of each of `n` loads of `model` in llama.cpp (`Llama(...)` with a context of 512, each
+/// freed before the next), in a process of its own (`llama_cpp_bench.py --time-loads`); `None`
+/// (with a message) when llama_cpp is not installed.
+pub fn load_times(model: &Path, threads: usize, n: usize) -> Result<Option<Vec<f64>>> {
+    let n_arg = n.to_string();
+    let args = ["--time-loads".as_ref(), n_arg.as_ref()];
+    let Some(out) = run_script(model, threads, &args, "our load time only")? else { return Ok(None) };
+    let line = String::from_utf8_lossy(&out.stdout);
+    let v: Value = serde_json::from_str(line.trim()).with_context(|| format!("bad answer to --time-loads: {line}"))?;
+    let secs: Vec<f64> = v["load_seconds"].as_array().into_iter().flatten().filter_map(Value::as_f64).collect();
+    if secs.len() != n {
+        bail!("llama_cpp_bench.py timed {} loads of {} where {n} were asked", secs.len(), model.display());
+    }
+    Ok(Some(secs))
+}
+
 /// llama.cpp's logits for each window of ids (a fresh sequence each), [T, V] per window, through
 /// `llama_cpp_bench.py --logits`; `None` (with a message) when llama_cpp is not installed.
 pub fn window_logits(model: &Path, windows: &[Vec<u32>], threads: usize, v: usize) -> Result<Option<Vec<Vec<f32>>>> {
-    let (py, script) = python_and_script();
     let dir = std::env::temp_dir().join(format!("k3mini-quality-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let list = dir.join("windows.txt");
     let text: Vec<String> =
         windows.iter().map(|w| w.iter().map(u32::to_string).collect::<Vec<_>>().join(",")).collect();
     std::fs::write(&list, text.join("\n")).with_context(|| format!("writing {}", list.display()))?;
-    let out = Command::new(&py)
-        .arg(&script)
-        .arg(model)
-        .args(["--threads", &threads.to_string(), "--logits"])
-        .arg(&list)
-        .arg(&dir)
-        .output()
-        .with_context(|| format!("running {py} {}", script.display()))?;
-    let result = match out.status.code() {
-        Some(0) => windows
+    let args = ["--logits".as_ref(), list.as_os_str(), dir.as_os_str()];
+    let result = match run_script(model, threads, &args, "its quality is skipped") {
+        Ok(Some(_)) => windows
             .iter()
             .enumerate()
             .map(|(i, w)| {
@@ -91,16 +92,7 @@ pub fn window_logits(model: &Path, windows: &[Vec<u32>], threads: usize, v: usiz
                 Ok(Some(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()))
             })
             .collect::<Result<Option<Vec<_>>>>(),
-        Some(3) => {
-            eprintln!("llama.cpp is not installed in {py}; run scripts/setup-llama-cpp (its quality is skipped)");
-            Ok(None)
-        }
-        code => Err(anyhow::anyhow!(
-            "{} --logits exited ({code:?}) on {}:\n{}",
-            script.display(),
-            model.display(),
-            String::from_utf8_lossy(&out.stderr)
-        )),
+        other => other.map(|_| None),
     };
     let _ = std::fs::remove_dir_all(&dir);
     result
