@@ -46,9 +46,10 @@ pub struct BenchInferArgs {
     /// Repeats per measurement (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub repeat: usize,
-    /// Loads of the model timed in each engine, each then dropped (the median is reported; 0:
-    /// none). Ours: `Model::load` before the runs (repacking on one thread a core); llama.cpp:
-    /// `Llama(...)` with a context of 512 at the first thread count, in a process of its own.
+    /// Loads of the model timed in each engine, each then dropped, after one untimed load each
+    /// (the median is reported; 0: none). Ours: `Model::load` before the runs (repacking on one
+    /// thread a core); llama.cpp: `Llama(...)` with a context of 512 at the first thread count,
+    /// in a process of its own.
     #[arg(long, default_value_t = 3)]
     pub load_repeat: usize,
     /// Skip llama.cpp (ours only).
@@ -388,11 +389,19 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
     // with `train`), for the peak's share that is the engine's.
     let start_rss = rss_mib("VmRSS:");
     let load = || Model::load(&a.model).with_context(|| format!("loading {}", a.model.display()));
-    let mut ours_loads = Vec::new();
-    for _ in 0..a.load_repeat {
+    // Each engine loads once untimed (`first`), then `--load-repeat` times: the first load of a
+    // process reads the file into the page cache and faults in fresh memory (0.25-0.85 s on the
+    // Zen 4 VM, whose host reclaims idle memory within minutes), and llama.cpp's loads, which
+    // come later, would find both warm after ours.
+    let (mut ours_loads, mut ours_first) = (Vec::new(), None);
+    for i in 0..a.load_repeat + (a.load_repeat > 0) as usize {
         let t0 = Instant::now();
         drop(load()?);
-        ours_loads.push(t0.elapsed().as_secs_f64());
+        let secs = t0.elapsed().as_secs_f64();
+        match i {
+            0 => ours_first = Some(secs),
+            _ => ours_loads.push(secs),
+        }
     }
     let (mut model, _) = load()?;
     let threads = list(&a.threads, "threads")?;
@@ -463,7 +472,7 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
     let mut report = Vec::new();
     let (mut decode_series, mut prefill_series, mut batch_series) = (Vec::new(), Vec::new(), Vec::new());
     let mut llama_rss = Vec::new();
-    let mut llama_loads: Vec<f64> = Vec::new();
+    let (mut llama_loads, mut llama_first): (Vec<f64>, Option<f64>) = (Vec::new(), None);
     for (i, &n) in threads.iter().enumerate() {
         // The probes run in child processes, so this process's peak RSS stays the engine's own.
         let (bw, bw_mem, bw_same) = probe_child(n, weight_bytes).unwrap_or_else(|| probe(n, weight_bytes));
@@ -473,9 +482,11 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
         };
         if i == 0 && a.load_repeat > 0 {
             if llama.is_some() {
-                llama_loads = crate::bench_llama::load_times(&a.model, n, a.load_repeat)?.unwrap_or_default();
+                let mut l = crate::bench_llama::load_times(&a.model, n, a.load_repeat + 1)?.unwrap_or_default();
+                llama_first = (!l.is_empty()).then(|| l.remove(0));
+                llama_loads = l;
             }
-            print_loads(&ours_loads, &llama_loads);
+            print_loads(&ours_loads, &llama_loads, (ours_first, llama_first));
         }
         let m = measure(&mut model, &ids, a, n, weight_bytes, &batches, llama.as_mut())?;
         let version = llama.as_ref().map(|l| l.version.clone());
@@ -581,7 +592,8 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
                        "isa_prefill": isa.name(), "isa_decode": isa.for_tokens(1).name(),
                        "peak_rss_mib_ours": rss, "start_rss_mib_ours": start_rss,
                        "huge_pages_mib_after_load": huge.map(|h| h as f64 / (1 << 20) as f64),
-                       "load_seconds": {"ours": ours_loads, "llama_cpp": llama_loads}, "decode_tokens": a.decode_tokens, "repeat": a.repeat, "batch_ctx": a.batch_ctx,
+                       "load_seconds": {"ours": ours_loads, "llama_cpp": llama_loads,
+                                        "ours_first": ours_first, "llama_cpp_first": llama_first}, "decode_tokens": a.decode_tokens, "repeat": a.repeat, "batch_ctx": a.batch_ctx,
                        "prefill_pass_tokens": {"ours": k3_infer::model::PREFILL_CHUNK, "llama_cpp": 512},
                        "runs": report, "quality": quality});
         k3_format::safetensors_io::write_atomic(p, serde_json::to_string_pretty(&j)?.as_bytes())?;
@@ -601,18 +613,25 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
     Ok(())
 }
 
-/// The load times' line: each engine's median (of those it has), and their ratio (llama.cpp's
-/// time over ours: above 1 ours loads faster).
-fn print_loads(ours: &[f64], theirs: &[f64]) {
+/// The load times' line: each engine's median (of those it has) and their ratio (llama.cpp's
+/// time over ours: above 1 ours loads faster), then each engine's untimed first load.
+fn print_loads(ours: &[f64], theirs: &[f64], first: (Option<f64>, Option<f64>)) {
     if ours.is_empty() {
         return;
     }
     let (o, n) = (median(ours.to_vec()), ours.len());
+    let secs = |x: Option<f64>| x.map_or("-".to_string(), |s| format!("{s:.3} s"));
     match theirs.is_empty() {
-        true => println!("load (median of {n}): ours {o:.3} s"),
+        true => println!("load (median of {n}, after a first load): ours {o:.3} s; first load {}", secs(first.0)),
         false => {
             let l = median(theirs.to_vec());
-            println!("load (median of {n}): ours {o:.3} s, llama.cpp {l:.3} s: {:.2}x", l / o);
+            println!(
+                "load (median of {n}, after a first load each): ours {o:.3} s, llama.cpp {l:.3} s: {:.2}x; \
+                 first loads {} / {}",
+                l / o,
+                secs(first.0),
+                secs(first.1)
+            );
         }
     }
 }

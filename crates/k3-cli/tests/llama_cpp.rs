@@ -341,7 +341,7 @@ fn tiny_k3_loads_in_llama_cpp_kimi_k3() {
 /// `k3mini bench infer` drives llama.cpp a measurement at a time: every point holds one rate per
 /// repeat for each engine, the ratio is the median of the per-repeat ratios, and llama.cpp's
 /// decode walk reaches the same contexts (its rates exist at each); each engine's loads are
-/// timed, as many as asked, and printed as medians.
+/// timed, as many as asked after an untimed first one (kept too), and printed as medians.
 #[test]
 fn bench_infer_alternates_with_llama_cpp() {
     let Some(_py) = llama_python() else { return };
@@ -375,7 +375,11 @@ fn bench_infer_alternates_with_llama_cpp() {
         let loads = j_loads(&out, who);
         assert!(loads.len() == 2 && loads.iter().all(|&s| s.is_finite() && s > 0.0), "{who}'s loads: {loads:?}");
     }
-    assert!(text.contains("load (median of 2): ours "), "no load line in:\n{text}");
+    assert!(text.contains("load (median of 2, after a first load each): ours "), "no load line in:\n{text}");
+    let j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).expect("read")).expect("json");
+    for first in ["ours_first", "llama_cpp_first"] {
+        assert!(j["load_seconds"][first].as_f64().is_some_and(|s| s > 0.0), "no {first} load");
+    }
     let j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).expect("read")).expect("json");
     let r = &j["runs"][0];
     for (kind, key) in [("prefill", "24"), ("decode", "0"), ("decode", "16"), ("batch", "3")] {
