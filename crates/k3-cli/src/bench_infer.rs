@@ -389,20 +389,16 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
     // with `train`), for the peak's share that is the engine's.
     let start_rss = rss_mib("VmRSS:");
     let load = || Model::load(&a.model).with_context(|| format!("loading {}", a.model.display()));
-    // Each engine loads once untimed (`first`), then `--load-repeat` times: the first load of a
-    // process reads the file into the page cache and faults in fresh memory (0.25-0.85 s on the
-    // Zen 4 VM, whose host reclaims idle memory within minutes), and llama.cpp's loads, which
-    // come later, would find both warm after ours.
-    let (mut ours_loads, mut ours_first) = (Vec::new(), None);
-    for i in 0..a.load_repeat + (a.load_repeat > 0) as usize {
+    // Each engine loads once apart (`first`), then `--load-repeat` times: the first load of a
+    // process reads the file into the page cache and faults in fresh memory, and llama.cpp's
+    // loads, which come later, would find both warm after ours.
+    let timed_load = || -> Result<f64> {
         let t0 = Instant::now();
         drop(load()?);
-        let secs = t0.elapsed().as_secs_f64();
-        match i {
-            0 => ours_first = Some(secs),
-            _ => ours_loads.push(secs),
-        }
-    }
+        Ok(t0.elapsed().as_secs_f64())
+    };
+    let ours_first = if a.load_repeat > 0 { Some(timed_load()?) } else { None };
+    let ours_loads = (0..a.load_repeat).map(|_| timed_load()).collect::<Result<Vec<f64>>>()?;
     let (mut model, _) = load()?;
     let threads = list(&a.threads, "threads")?;
     // The quality windows up front, so that a wrong --reference or --quality-data fails before
