@@ -312,7 +312,7 @@ fn teacher_greedy_matches_llama_cpp() {
 }
 
 /// A scratch directory `tag` and the tiny_k3 golden checkpoint in it as an f32 GGUF.
-fn tiny_k3_gguf(tag: &str) -> (PathBuf, PathBuf) {
+fn tiny_k3_gguf(tag: &str) -> (Scratch, PathBuf) {
     let d = scratch(tag);
     let g = d.join("k3.gguf");
     run(k3mini().args(["quantize", "--model"]).arg(golden("tiny_k3")).args(["--type", "f32", "--out"]).arg(&g));

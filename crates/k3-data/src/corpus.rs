@@ -294,8 +294,8 @@ mod tests {
 
     #[test]
     fn dir_source_dedups_and_skips_binary_and_bad_utf8() {
-        let d = std::env::temp_dir().join(format!("k3corpus-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
+        let tmp = tempfile::Builder::new().prefix("k3corpus-").tempdir().expect("scratch dir");
+        let d = tmp.path().to_path_buf();
         std::fs::create_dir_all(d.join("sub")).expect("dir");
         std::fs::write(d.join("a.py"), "print('a')\n").expect("w");
         std::fs::write(d.join("sub/b.py"), "print('a')\n").expect("w"); // duplicate content
@@ -309,6 +309,5 @@ mod tests {
         assert_eq!(Source::parse("pip:numpy==2.0").expect("p"), Source::Pip("numpy==2.0".into()));
         assert!(Source::parse("http://x").is_err());
         assert!(strip_html("<p>a &amp; <b>b</b></p><script>x()</script>c").contains("a & b"));
-        std::fs::remove_dir_all(d).ok();
     }
 }

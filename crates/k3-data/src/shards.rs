@@ -170,8 +170,8 @@ mod tests {
 
     #[test]
     fn shards_round_trip_and_refuse_bad_files() {
-        let d = std::env::temp_dir().join(format!("k3shard-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
+        let tmp = tempfile::Builder::new().prefix("k3shard-").tempdir().expect("scratch dir");
+        let d = tmp.path().to_path_buf();
         std::fs::create_dir_all(&d).expect("dir");
         let h = "ab".repeat(32);
         let toks: Vec<u32> = (0..1000).map(|i| (i * 7) % 500).collect();
@@ -191,6 +191,5 @@ mod tests {
         std::fs::write(&paths[0], b"garbage").expect("garbage");
         let e = TokenSet::open(&d, "train", &h, 500).err().expect("magic").to_string();
         assert!(e.contains("not a K3-Mini token shard"), "{e}");
-        std::fs::remove_dir_all(d).ok();
     }
 }

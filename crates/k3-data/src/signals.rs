@@ -658,8 +658,8 @@ mod tests {
 
     #[test]
     fn round_trip_resume_and_torn_records() {
-        let d = std::env::temp_dir().join(format!("k3sig-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
+        let tmp = tempfile::Builder::new().prefix("k3sig-").tempdir().expect("scratch dir");
+        let d = tmp.path().to_path_buf();
         let h = header(300, 8);
         let win = |i: u64| WindowRecord {
             index: i,
@@ -718,7 +718,6 @@ mod tests {
         assert!(e.contains("different teacher"), "{e}");
         let e = s.check_tokenizer(&"cd".repeat(32), 300).expect_err("mismatch").to_string();
         assert!(e.contains("teacher's tokenizer"), "{e}");
-        std::fs::remove_dir_all(&d).ok();
     }
 
     #[test]

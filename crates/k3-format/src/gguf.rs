@@ -493,10 +493,11 @@ impl GgufWriter {
 mod tests {
     use super::*;
 
-    fn scratch(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("k3gguf-{tag}-{}", std::process::id()));
-        std::fs::create_dir_all(&d).expect("dir");
-        d.join("m.gguf")
+    /// A scratch directory (removed when dropped) and the GGUF path in it.
+    fn scratch(tag: &str) -> (tempfile::TempDir, PathBuf) {
+        let d = tempfile::Builder::new().prefix(&format!("k3gguf-{tag}-")).tempdir().expect("scratch dir");
+        let p = d.path().join("m.gguf");
+        (d, p)
     }
 
     fn sample() -> (GgufWriter, Vec<f32>) {
@@ -520,7 +521,7 @@ mod tests {
     #[test]
     fn write_then_read_gives_identical_tensors_and_metadata() {
         let (w, x) = sample();
-        let p = scratch("rt");
+        let (_tmp, p) = scratch("rt");
         w.write(&p).expect("write");
         let f = GgufFile::open(&p).expect("open");
         assert_eq!(f.arch(), Some("kimi-linear"));
@@ -540,7 +541,7 @@ mod tests {
     fn bad_files_get_clear_errors() {
         let (w, _) = sample();
         let bytes = w.to_bytes();
-        let p = scratch("bad");
+        let (_tmp, p) = scratch("bad");
         std::fs::write(&p, &bytes[..bytes.len() - 100]).expect("w");
         let e = GgufFile::open(&p).err().expect("truncated").to_string();
         assert!(e.contains("truncated") && e.contains("m.gguf"), "{e}");

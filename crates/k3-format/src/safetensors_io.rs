@@ -189,16 +189,15 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 mod tests {
     use super::*;
 
-    fn tmpdir(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("k3fmt-{tag}-{}", std::process::id()));
-        std::fs::create_dir_all(&d).expect("temp dir");
-        d
+    /// A scratch directory, removed when dropped.
+    fn tmpdir(tag: &str) -> tempfile::TempDir {
+        tempfile::Builder::new().prefix(&format!("k3fmt-{tag}-")).tempdir().expect("scratch dir")
     }
 
     #[test]
     fn roundtrip_is_bit_exact() {
         let d = tmpdir("rt");
-        let p = d.join("a.safetensors");
+        let p = d.path().join("a.safetensors");
         let x: Vec<f32> = (0..24).map(|i| (i as f32).sin() * 1e-3 + f32::MIN_POSITIVE * i as f32).collect();
         write_safetensors(&p, &[("x".into(), vec![2, 3, 4], OwnedData::F32(x.clone()))], None).expect("write");
         let f = SafetensorsFile::open(&p).expect("open");
@@ -206,13 +205,12 @@ mod tests {
         assert_eq!(t.shape, &[2, 3, 4]);
         let y = t.to_f32().expect("f32");
         assert!(x.iter().zip(&y).all(|(a, b)| a.to_bits() == b.to_bits()));
-        std::fs::remove_dir_all(d).ok();
     }
 
     #[test]
     fn truncated_file_is_a_clear_error() {
         let d = tmpdir("trunc");
-        let p = d.join("a.safetensors");
+        let p = d.path().join("a.safetensors");
         write_safetensors(&p, &[("x".into(), vec![64], OwnedData::F32(vec![1.0; 64]))], None).expect("write");
         let bytes = std::fs::read(&p).expect("read");
         std::fs::write(&p, &bytes[..bytes.len() - 10]).expect("truncate");
@@ -221,6 +219,5 @@ mod tests {
         std::fs::write(&p, b"garbage").expect("write");
         let err = SafetensorsFile::open(&p).err().expect("must fail").to_string();
         assert!(err.contains("not a valid safetensors"), "{err}");
-        std::fs::remove_dir_all(d).ok();
     }
 }

@@ -10,11 +10,9 @@ fn golden(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden").join(name)
 }
 
-fn scratch(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("k3ck-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("scratch dir");
-    d
+/// A scratch directory, removed when dropped.
+fn scratch(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("k3ck-{tag}-")).tempdir().expect("scratch dir")
 }
 
 #[test]
@@ -28,11 +26,11 @@ fn transformers_saved_checkpoints_load_completely() {
     }
 }
 
-fn copy_fixture(tag: &str) -> PathBuf {
+fn copy_fixture(tag: &str) -> tempfile::TempDir {
     let src = golden("tiny_kimi_linear_dense");
     let dst = scratch(tag);
     for f in ["config.json", "model.safetensors"] {
-        std::fs::copy(src.join(f), dst.join(f)).expect("copy");
+        std::fs::copy(src.join(f), dst.path().join(f)).expect("copy");
     }
     dst
 }
@@ -40,10 +38,11 @@ fn copy_fixture(tag: &str) -> PathBuf {
 #[test]
 fn broken_checkpoints_get_errors_naming_file_and_tensor() {
     // wrong shape: rewrite with a config that expects a larger vocab
-    let d = copy_fixture("shape");
+    let tmp = copy_fixture("shape");
+    let d = tmp.path();
     let cfg = std::fs::read_to_string(d.join("config.json")).expect("read");
     std::fs::write(d.join("config.json"), cfg.replace("\"vocab_size\": 256", "\"vocab_size\": 300")).expect("write");
-    let ck = Checkpoint::open(&d).expect("open");
+    let ck = Checkpoint::open(d).expect("open");
     let err = ck.read_all().expect_err("shape error").to_string();
     assert!(
         err.contains("model.embed_tokens.weight") && err.contains("[300, 64]") && err.contains("model.safetensors"),
@@ -51,27 +50,29 @@ fn broken_checkpoints_get_errors_naming_file_and_tensor() {
     );
 
     // missing tensor: a config with one more layer
-    let d = copy_fixture("missing");
+    let tmp = copy_fixture("missing");
+    let d = tmp.path();
     let cfg = std::fs::read_to_string(d.join("config.json")).expect("read");
     let cfg = cfg
         .replace("\"num_hidden_layers\": 4", "\"num_hidden_layers\": 5")
         .replace("\"full_attention\"\n  ]", "\"full_attention\",\n \"linear_attention\"\n  ]")
         .replace("\"dense\"\n  ]", "\"dense\",\n \"dense\"\n  ]");
     std::fs::write(d.join("config.json"), cfg).expect("write");
-    let ck = Checkpoint::open(&d).expect("open");
+    let ck = Checkpoint::open(d).expect("open");
     let err = ck.read_all().expect_err("missing error").to_string();
     assert!(err.contains("model.layers.4.") && err.contains("missing tensor"), "{err}");
 
     // truncated safetensors
-    let d = copy_fixture("trunc");
+    let tmp = copy_fixture("trunc");
+    let d = tmp.path();
     let bytes = std::fs::read(d.join("model.safetensors")).expect("read");
     std::fs::write(d.join("model.safetensors"), &bytes[..bytes.len() / 2]).expect("write");
-    let err = Checkpoint::open(&d).err().expect("truncated").to_string();
+    let err = Checkpoint::open(d).err().expect("truncated").to_string();
     assert!(err.contains("model.safetensors") && err.contains("truncated"), "{err}");
 
     // missing config.json / not a directory
     std::fs::remove_file(d.join("config.json")).expect("rm");
-    let err = Checkpoint::open(&d).err().expect("no config").to_string();
+    let err = Checkpoint::open(d).err().expect("no config").to_string();
     assert!(err.contains("config.json"), "{err}");
     let err = Checkpoint::open(Path::new("/nonexistent/ckpt")).err().expect("no dir").to_string();
     assert!(err.contains("/nonexistent/ckpt"), "{err}");
@@ -82,9 +83,10 @@ fn save_then_open_is_bit_exact_and_sharded_index_loads() {
     let src = Checkpoint::open(&golden("tiny_kimi_linear_moe")).expect("open");
     let tensors: HashMap<String, Vec<f32>> =
         src.read_all().expect("read").into_iter().map(|(s, d)| (s.name, d)).collect();
-    let d = scratch("save");
-    save_checkpoint(&d, &src.config, tensors.clone()).expect("save");
-    let back = Checkpoint::open(&d).expect("reopen");
+    let tmp = scratch("save");
+    let d = tmp.path();
+    save_checkpoint(d, &src.config, tensors.clone()).expect("save");
+    let back = Checkpoint::open(d).expect("reopen");
     assert_eq!(back.config, src.config);
     for (s, data) in back.read_all().expect("read") {
         let a = &tensors[&s.name];
@@ -119,6 +121,6 @@ fn save_then_open_is_bit_exact_and_sharded_index_loads() {
         serde_json::json!({"metadata": {}, "weight_map": map}).to_string(),
     )
     .expect("index");
-    let sharded = Checkpoint::open(&d).expect("sharded open");
+    let sharded = Checkpoint::open(d).expect("sharded open");
     assert_eq!(sharded.read_all().expect("read").len(), specs.len());
 }

@@ -24,8 +24,8 @@ fn gguf_py_reads_our_k_quants_as_we_do() {
         return;
     };
     let tool = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tools/reference/kquant_dequant.py");
-    let dir = std::env::temp_dir().join(format!("k3-kq-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("tmp");
+    let tmp = tempfile::Builder::new().prefix("k3-kq-").tempdir().expect("scratch dir");
+    let dir = tmp.path();
     let n = 256 * 6;
     let x: Vec<f32> = (0..n)
         .map(|i| ((i as f32 * 0.37).sin() + 0.3 * (i as f32 * 0.011).cos()) * (1.0 + (i / 64 % 4) as f32))
@@ -59,5 +59,4 @@ fn gguf_py_reads_our_k_quants_as_we_do() {
             assert!((a - b).abs() <= 1e-6 * a.abs().max(1.0), "{} element {i}: ours {a}, gguf-py {b}", ty.name());
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -13,10 +13,9 @@ fn golden(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden").join(name)
 }
 
-fn scratch(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("k3q-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).expect("dir");
-    d
+/// A scratch directory, removed when dropped.
+fn scratch(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("k3q-{tag}-")).tempdir().expect("scratch dir")
 }
 
 fn logits(path: &Path, ids: &[u32]) -> Vec<f32> {
@@ -60,7 +59,8 @@ fn gguf_export_reproduces_config_and_logits() {
         let ck = golden(dir);
         let want = logits(&ck, &ids);
         let v = want.len() / ids.len();
-        let d = scratch(dir);
+        let tmp = scratch(dir);
+        let d = tmp.path();
         // These fixtures have O(1) random weights that amplify rounding, and MoE routing flips on
         // a near-tie move single tokens a lot: f32 is checked by max |Δ|, f16 by the median |Δ|
         // and top-1 agreement; quantized storage is checked tensor by tensor below.
@@ -92,13 +92,13 @@ fn gguf_export_reproduces_config_and_logits() {
 #[test]
 fn export_refuses_what_llama_cpp_cannot_load_and_reports_fallbacks() {
     // attention_bias and a dense layer after an MoE layer have no llama.cpp representation.
-    let e = export_gguf(&golden("tiny_kimi_linear_moe_grouped"), QuantType::F16, &scratch("bad").join("x.gguf"))
+    let e = export_gguf(&golden("tiny_kimi_linear_moe_grouped"), QuantType::F16, &scratch("bad").path().join("x.gguf"))
         .expect_err("must refuse")
         .to_string();
     assert!(e.contains("attention_bias") || e.contains("prefix"), "{e}");
     // head dim 16 rows do not fit a 32-block: reported, written as F16
-    let r =
-        export_gguf(&golden("tiny_kimi_linear_dense"), QuantType::Q4_0, &scratch("fb").join("x.gguf")).expect("export");
+    let r = export_gguf(&golden("tiny_kimi_linear_dense"), QuantType::Q4_0, &scratch("fb").path().join("x.gguf"))
+        .expect("export");
     assert!(r.fallbacks.iter().any(|f| f.contains("ssm_f_b.weight") && f.contains("F16")), "{:?}", r.fallbacks);
 }
 
@@ -114,7 +114,8 @@ fn quantized_gguf_tensors_match_the_checkpoint() {
         let (hf, _) = Source::open(&ck).expect("hf");
         let ModelConfig::Kimi(c) = hf.config().clone() else { panic!() };
         for (qt, budget) in [(QuantType::Q8_0, 0.01), (QuantType::Q4_0, 0.2), (QuantType::Q4_1, 0.2)] {
-            let out = scratch(dir).join(format!("t{qt:?}.gguf"));
+            let tmp = scratch(dir);
+            let out = tmp.path().join(format!("t{qt:?}.gguf"));
             export_gguf(&ck, qt, &out).expect("export");
             let (gg, _) = Source::open(&out).expect("gguf");
             let rel = |name: &str, a: &[f32], b: &[f32]| {

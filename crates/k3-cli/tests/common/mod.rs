@@ -42,11 +42,42 @@ pub fn golden(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden").join(name)
 }
 
-pub fn scratch(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("k3t-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("scratch");
-    d
+/// A test's scratch directory under the system temp dir, removed with everything in it when
+/// dropped; a failing test keeps it (its path is printed) for a look at what it left.
+pub struct Scratch(Option<tempfile::TempDir>);
+
+pub fn scratch(tag: &str) -> Scratch {
+    let dir = tempfile::Builder::new().prefix(&format!("k3t-{tag}-")).tempdir().expect("scratch dir");
+    Scratch(Some(dir))
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        self.0.as_ref().expect("scratch dir").path()
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        self
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for Scratch {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.as_os_str()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            if let Some(dir) = self.0.take() {
+                eprintln!("kept for the failed test: {}", dir.keep().display());
+            }
+        }
+    }
 }
 
 pub fn run(cmd: &mut Command) -> String {
