@@ -52,6 +52,11 @@ pub struct BenchInferArgs {
     /// in a process of its own.
     #[arg(long, default_value_t = 3)]
     pub load_repeat: usize,
+    /// Rounds of first loads in fresh processes: each round one load in a new process of ours
+    /// (`k3mini bench load`) and one in a new llama.cpp process, the order alternating round by
+    /// round (the median is reported; 0: none). What a user starting either program waits for.
+    #[arg(long, default_value_t = 3)]
+    pub fresh_loads: usize,
     /// Skip llama.cpp (ours only).
     #[arg(long)]
     pub no_llama: bool,
@@ -388,18 +393,15 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
     // What the process holds before the model: the binary (with libtorch where it was built
     // with `train`), for the peak's share that is the engine's.
     let start_rss = rss_mib("VmRSS:");
-    let load = || Model::load(&a.model).with_context(|| format!("loading {}", a.model.display()));
-    // Each engine loads once apart (`first`), then `--load-repeat` times: the first load of a
-    // process reads the file into the page cache and faults in fresh memory, and llama.cpp's
-    // loads, which come later, would find both warm after ours.
-    let timed_load = || -> Result<f64> {
-        let t0 = Instant::now();
-        drop(load()?);
-        Ok(t0.elapsed().as_secs_f64())
-    };
-    let ours_first = if a.load_repeat > 0 { Some(timed_load()?) } else { None };
-    let ours_loads = (0..a.load_repeat).map(|_| timed_load()).collect::<Result<Vec<f64>>>()?;
-    let (mut model, _) = load()?;
+    let with_llama = !(a.no_llama || a.model.is_dir());
+    // First loads of fresh processes, before this process has loaded anything; then, in this
+    // process, one load apart (`first`) and `--load-repeat` more: the first load of a process
+    // reads the file into the page cache and faults in fresh memory, and llama.cpp's loads, which
+    // come later, would find both warm after ours.
+    let fresh = fresh_loads(&a.model, threads_first(a)?, a.fresh_loads, with_llama)?;
+    let ours_first = if a.load_repeat > 0 { Some(timed_load(&a.model)?) } else { None };
+    let ours_loads = (0..a.load_repeat).map(|_| timed_load(&a.model)).collect::<Result<Vec<f64>>>()?;
+    let (mut model, _) = Model::load(&a.model).with_context(|| format!("loading {}", a.model.display()))?;
     let threads = list(&a.threads, "threads")?;
     // The quality windows up front, so that a wrong --reference or --quality-data fails before
     // the speed runs, not after them.
@@ -472,9 +474,9 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
     for (i, &n) in threads.iter().enumerate() {
         // The probes run in child processes, so this process's peak RSS stays the engine's own.
         let (bw, bw_mem, bw_same) = probe_child(n, weight_bytes).unwrap_or_else(|| probe(n, weight_bytes));
-        let mut llama = match a.no_llama || a.model.is_dir() {
-            true => None,
-            false => Llama::start(&a.model, &ids_file, n, longest + 16)?,
+        let mut llama = match with_llama {
+            false => None,
+            true => Llama::start(&a.model, &ids_file, n, longest + 16)?,
         };
         if i == 0 && a.load_repeat > 0 {
             if llama.is_some() {
@@ -483,6 +485,7 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
                 llama_loads = l;
             }
             print_loads(&ours_loads, &llama_loads, (ours_first, llama_first));
+            print_fresh_loads(&fresh);
         }
         let m = measure(&mut model, &ids, a, n, weight_bytes, &batches, llama.as_mut())?;
         let version = llama.as_ref().map(|l| l.version.clone());
@@ -589,7 +592,9 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
                        "peak_rss_mib_ours": rss, "start_rss_mib_ours": start_rss,
                        "huge_pages_mib_after_load": huge.map(|h| h as f64 / (1 << 20) as f64),
                        "load_seconds": {"ours": ours_loads, "llama_cpp": llama_loads,
-                                        "ours_first": ours_first, "llama_cpp_first": llama_first}, "decode_tokens": a.decode_tokens, "repeat": a.repeat, "batch_ctx": a.batch_ctx,
+                                        "ours_first": ours_first, "llama_cpp_first": llama_first,
+                                        "fresh_process_ours": fresh.0, "fresh_process_llama_cpp": fresh.1},
+                       "decode_tokens": a.decode_tokens, "repeat": a.repeat, "batch_ctx": a.batch_ctx,
                        "prefill_pass_tokens": {"ours": k3_infer::model::PREFILL_CHUNK, "llama_cpp": 512},
                        "runs": report, "quality": quality});
         k3_format::safetensors_io::write_atomic(p, serde_json::to_string_pretty(&j)?.as_bytes())?;
@@ -607,6 +612,78 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Seconds of one `Model::load` of `model` in this process (the model then dropped).
+pub fn timed_load(model: &Path) -> Result<f64> {
+    let t0 = Instant::now();
+    drop(Model::load(model).with_context(|| format!("loading {}", model.display()))?);
+    Ok(t0.elapsed().as_secs_f64())
+}
+
+/// The first thread count of `--threads` (llama.cpp's loads run at it).
+fn threads_first(a: &BenchInferArgs) -> Result<usize> {
+    Ok(list(&a.threads, "threads")?.first().copied().unwrap_or(1))
+}
+
+/// `rounds` first loads of `model` in fresh processes: ours (`k3mini bench load`) and, when
+/// `with_llama`, llama.cpp's (`llama_cpp_bench.py --time-loads 1`), the order alternating round
+/// by round so that neither always finds the other's memory just freed. Each engine's seconds;
+/// llama.cpp's list is empty without llama.cpp.
+fn fresh_loads(model: &Path, threads: usize, rounds: usize, with_llama: bool) -> Result<(Vec<f64>, Vec<f64>)> {
+    let exe = std::env::current_exe().context("finding this program to start it again")?;
+    let ours = || -> Result<f64> {
+        let out = Command::new(&exe).args(["bench", "load", "--model"]).arg(model).output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        match (out.status.success(), text.trim().parse::<f64>()) {
+            (true, Ok(s)) => Ok(s),
+            _ => bail!(
+                "a fresh `k3mini bench load` of {} failed: {}",
+                model.display(),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        }
+    };
+    let theirs = || -> Result<Option<f64>> {
+        Ok(crate::bench_llama::load_times(model, threads, 1)?.and_then(|l| l.first().copied()))
+    };
+    let (mut o, mut l) = (Vec::new(), Vec::new());
+    let mut llama = with_llama;
+    for round in 0..rounds {
+        if round % 2 == 1 {
+            o.push(ours()?);
+        }
+        if llama {
+            match theirs()? {
+                Some(s) => l.push(s),
+                None => llama = false,
+            }
+        }
+        if round % 2 == 0 {
+            o.push(ours()?);
+        }
+    }
+    Ok((o, l))
+}
+
+/// The fresh-process loads' line (medians and llama.cpp's time over ours).
+fn print_fresh_loads((ours, theirs): &(Vec<f64>, Vec<f64>)) {
+    if ours.is_empty() {
+        return;
+    }
+    let o = median(ours.clone());
+    match theirs.is_empty() {
+        true => println!("first load of a fresh process (median of {}): ours {o:.3} s", ours.len()),
+        false => {
+            let l = median(theirs.clone());
+            println!(
+                "first load of a fresh process (median of {}, the engines alternating): ours {o:.3} s, \
+                 llama.cpp {l:.3} s: {:.2}x",
+                ours.len(),
+                l / o
+            );
+        }
+    }
 }
 
 /// The load times' line: each engine's median (of those it has) and their ratio (llama.cpp's

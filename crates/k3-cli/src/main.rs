@@ -222,6 +222,13 @@ enum BenchCmd {
         #[arg(long, default_value_t = bench_infer::PROBE_BYTES)]
         bytes: usize,
     },
+    /// One load of MODEL in this process, timed: prints its seconds (the fresh-process loads of
+    /// `bench infer`).
+    #[command(hide = true)]
+    Load {
+        #[arg(long)]
+        model: PathBuf,
+    },
     /// Training-step speed: ours vs transformers' KimiLinear vs a PyTorch Llama (needs `train`).
     #[cfg(feature = "train")]
     Train(bench_train::BenchTrainArgs),
@@ -312,6 +319,10 @@ fn run() -> Result<()> {
         Cmd::Bench(BenchCmd::Bandwidth { threads, bytes }) => {
             let (bound, mem, same) = bench_infer::probe(threads.max(1), bytes);
             println!("{bound:.3} {mem:.3} {same:.3}");
+            Ok(())
+        }
+        Cmd::Bench(BenchCmd::Load { model }) => {
+            println!("{:.6}", bench_infer::timed_load(&model)?);
             Ok(())
         }
         #[cfg(feature = "train")]

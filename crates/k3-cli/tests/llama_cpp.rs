@@ -367,6 +367,8 @@ fn bench_infer_alternates_with_llama_cpp() {
             "3",
             "--load-repeat",
             "2",
+            "--fresh-loads",
+            "2",
             "--json",
         ])
         .arg(&out));
@@ -380,6 +382,14 @@ fn bench_infer_alternates_with_llama_cpp() {
     for first in ["ours_first", "llama_cpp_first"] {
         assert!(j["load_seconds"][first].as_f64().is_some_and(|s| s > 0.0), "no {first} load");
     }
+    for fresh in ["fresh_process_ours", "fresh_process_llama_cpp"] {
+        let loads = j_loads(&out, fresh);
+        assert!(loads.len() == 2 && loads.iter().all(|&s| s.is_finite() && s > 0.0), "{fresh}: {loads:?}");
+    }
+    assert!(
+        text.contains("first load of a fresh process (median of 2, the engines alternating): ours "),
+        "no fresh-process load line in:\n{text}"
+    );
     let j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).expect("read")).expect("json");
     let r = &j["runs"][0];
     for (kind, key) in [("prefill", "24"), ("decode", "0"), ("decode", "16"), ("batch", "3")] {
