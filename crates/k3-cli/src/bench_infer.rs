@@ -399,9 +399,11 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
     // reads the file into the page cache and faults in fresh memory, and llama.cpp's loads, which
     // come later, would find both warm after ours.
     let fresh = fresh_loads(&a.model, threads_first(a)?, a.fresh_loads, with_llama)?;
-    let ours_first = if a.load_repeat > 0 { Some(timed_load(&a.model)?) } else { None };
-    let ours_loads = (0..a.load_repeat).map(|_| timed_load(&a.model)).collect::<Result<Vec<f64>>>()?;
+    let ours_first = if a.load_repeat > 0 { Some(timed_load(&a.model)?.0) } else { None };
+    let ours_loads = (0..a.load_repeat).map(|_| Ok(timed_load(&a.model)?.0)).collect::<Result<Vec<f64>>>()?;
     let (mut model, _) = Model::load(&a.model).with_context(|| format!("loading {}", a.model.display()))?;
+    // Measured with the weights where they stay: on huge pages once their promotion is done.
+    let promoted = k3_infer::hugepages::wait_promoted().as_secs_f64();
     let threads = list(&a.threads, "threads")?;
     // The quality windows up front, so that a wrong --reference or --quality-data fails before
     // the speed runs, not after them.
@@ -461,8 +463,8 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
     );
     match huge {
         Some(h) => println!(
-            "on transparent huge pages after the load: {:.0} MiB (K3MINI_HUGEPAGES=0 turns them off, for the \
-             engine and the bandwidth probes alike)",
+            "on transparent huge pages after the load: {:.0} MiB, {promoted:.3} s after it returned \
+             (K3MINI_HUGEPAGES=0 turns them off, for the engine and the bandwidth probes alike)",
             h as f64 / (1 << 20) as f64
         ),
         None => println!("transparent huge pages: not reported by this system"),
@@ -591,9 +593,11 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
                        "isa_prefill": isa.name(), "isa_decode": isa.for_tokens(1).name(),
                        "peak_rss_mib_ours": rss, "start_rss_mib_ours": start_rss,
                        "huge_pages_mib_after_load": huge.map(|h| h as f64 / (1 << 20) as f64),
+                       "huge_pages_seconds_after_load": promoted,
                        "load_seconds": {"ours": ours_loads, "llama_cpp": llama_loads,
                                         "ours_first": ours_first, "llama_cpp_first": llama_first,
-                                        "fresh_process_ours": fresh.0, "fresh_process_llama_cpp": fresh.1},
+                                        "fresh_process_ours": fresh.ours, "fresh_process_llama_cpp": fresh.llama,
+                                        "fresh_process_ours_huge_pages_after": fresh.ours_huge},
                        "decode_tokens": a.decode_tokens, "repeat": a.repeat, "batch_ctx": a.batch_ctx,
                        "prefill_pass_tokens": {"ours": k3_infer::model::PREFILL_CHUNK, "llama_cpp": 512},
                        "runs": report, "quality": quality});
@@ -614,11 +618,24 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
     Ok(())
 }
 
-/// Seconds of one `Model::load` of `model` in this process (the model then dropped).
-pub fn timed_load(model: &Path) -> Result<f64> {
+/// Seconds of one `Model::load` of `model` in this process, and seconds after it returned until
+/// its weights were on huge pages (the model then dropped).
+pub fn timed_load(model: &Path) -> Result<(f64, f64)> {
     let t0 = Instant::now();
-    drop(Model::load(model).with_context(|| format!("loading {}", model.display()))?);
-    Ok(t0.elapsed().as_secs_f64())
+    let loaded = Model::load(model).with_context(|| format!("loading {}", model.display()))?;
+    let load = t0.elapsed().as_secs_f64();
+    let promoted = k3_infer::hugepages::wait_promoted().as_secs_f64();
+    drop(loaded);
+    Ok((load, promoted))
+}
+
+/// First loads of fresh processes (seconds): ours, ours until on huge pages (after the load
+/// returned), llama.cpp's.
+#[derive(Default)]
+struct Fresh {
+    ours: Vec<f64>,
+    ours_huge: Vec<f64>,
+    llama: Vec<f64>,
 }
 
 /// The first thread count of `--threads` (llama.cpp's loads run at it).
@@ -628,15 +645,20 @@ fn threads_first(a: &BenchInferArgs) -> Result<usize> {
 
 /// `rounds` first loads of `model` in fresh processes: ours (`k3mini bench load`) and, when
 /// `with_llama`, llama.cpp's (`llama_cpp_bench.py --time-loads 1`), the order alternating round
-/// by round so that neither always finds the other's memory just freed. Each engine's seconds;
-/// llama.cpp's list is empty without llama.cpp.
-fn fresh_loads(model: &Path, threads: usize, rounds: usize, with_llama: bool) -> Result<(Vec<f64>, Vec<f64>)> {
+/// by round so that neither always finds the other's memory just freed. llama.cpp's list is
+/// empty without llama.cpp.
+fn fresh_loads(model: &Path, threads: usize, rounds: usize, with_llama: bool) -> Result<Fresh> {
     let exe = std::env::current_exe().context("finding this program to start it again")?;
-    let ours = || -> Result<f64> {
+    let ours = |f: &mut Fresh| -> Result<()> {
         let out = Command::new(&exe).args(["bench", "load", "--model"]).arg(model).output()?;
         let text = String::from_utf8_lossy(&out.stdout);
-        match (out.status.success(), text.trim().parse::<f64>()) {
-            (true, Ok(s)) => Ok(s),
+        let secs: Vec<f64> = text.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+        match (out.status.success(), &secs[..]) {
+            (true, &[load, huge]) => {
+                f.ours.push(load);
+                f.ours_huge.push(huge);
+                Ok(())
+            }
             _ => bail!(
                 "a fresh `k3mini bench load` of {} failed: {}",
                 model.display(),
@@ -647,39 +669,42 @@ fn fresh_loads(model: &Path, threads: usize, rounds: usize, with_llama: bool) ->
     let theirs = || -> Result<Option<f64>> {
         Ok(crate::bench_llama::load_times(model, threads, 1)?.and_then(|l| l.first().copied()))
     };
-    let (mut o, mut l) = (Vec::new(), Vec::new());
+    let mut f = Fresh::default();
     let mut llama = with_llama;
     for round in 0..rounds {
         if round % 2 == 1 {
-            o.push(ours()?);
+            ours(&mut f)?;
         }
         if llama {
             match theirs()? {
-                Some(s) => l.push(s),
+                Some(s) => f.llama.push(s),
                 None => llama = false,
             }
         }
         if round % 2 == 0 {
-            o.push(ours()?);
+            ours(&mut f)?;
         }
     }
-    Ok((o, l))
+    Ok(f)
 }
 
 /// The fresh-process loads' line (medians and llama.cpp's time over ours).
-fn print_fresh_loads((ours, theirs): &(Vec<f64>, Vec<f64>)) {
-    if ours.is_empty() {
+fn print_fresh_loads(f: &Fresh) {
+    if f.ours.is_empty() {
         return;
     }
-    let o = median(ours.clone());
-    match theirs.is_empty() {
-        true => println!("first load of a fresh process (median of {}): ours {o:.3} s", ours.len()),
+    let (o, h) = (median(f.ours.clone()), median(f.ours_huge.clone()));
+    match f.llama.is_empty() {
+        true => println!(
+            "first load of a fresh process (median of {}): ours {o:.3} s (on huge pages {h:.3} s later)",
+            f.ours.len()
+        ),
         false => {
-            let l = median(theirs.clone());
+            let l = median(f.llama.clone());
             println!(
-                "first load of a fresh process (median of {}, the engines alternating): ours {o:.3} s, \
-                 llama.cpp {l:.3} s: {:.2}x",
-                ours.len(),
+                "first load of a fresh process (median of {}, the engines alternating): ours {o:.3} s (on huge \
+                 pages {h:.3} s later), llama.cpp {l:.3} s: {:.2}x",
+                f.ours.len(),
                 l / o
             );
         }

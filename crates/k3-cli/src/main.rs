@@ -222,8 +222,8 @@ enum BenchCmd {
         #[arg(long, default_value_t = bench_infer::PROBE_BYTES)]
         bytes: usize,
     },
-    /// One load of MODEL in this process, timed: prints its seconds (the fresh-process loads of
-    /// `bench infer`).
+    /// One load of MODEL in this process, timed: prints its seconds, then the seconds after it
+    /// returned until the weights were on huge pages (the fresh-process loads of `bench infer`).
     #[command(hide = true)]
     Load {
         #[arg(long)]
@@ -322,7 +322,8 @@ fn run() -> Result<()> {
             Ok(())
         }
         Cmd::Bench(BenchCmd::Load { model }) => {
-            println!("{:.6}", bench_infer::timed_load(&model)?);
+            let (load, promoted) = bench_infer::timed_load(&model)?;
+            println!("{load:.6} {promoted:.6}");
             Ok(())
         }
         #[cfg(feature = "train")]

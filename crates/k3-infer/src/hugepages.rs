@@ -4,18 +4,73 @@
 //! a 512 MiB read ran at 22.5–24 GB/s on 4 KiB pages and 30–35 GB/s on 2 MiB pages (2 threads),
 //! and the 370M model decoded ~17% faster with its weights on huge pages.
 //!
-//! The repacked weights are on huge pages from their first write (`k3_kernels::hugebuf`: chunks
-//! advised before they are filled). [`collapse_anonymous`] then asks the kernel to back every
-//! other large anonymous mapping of the process (the heap, with what a load keeps there: f32 and
-//! f16 matrices, matrices made at load from others, and the larger buffers mapped on their own)
-//! by huge pages now (`MADV_COLLAPSE`, Linux 6.1+) and from then on (`MADV_HUGEPAGE`, so that the heap's
-//! later growth faults them in directly). [`advise`] does it for one buffer. Both are hints: on
-//! other systems, with THP disabled or when the kernel refuses, nothing changes and they return 0.
-//! `K3MINI_HUGEPAGES=0` turns them off (to measure without).
+//! The repacked weights are carved from 2 MiB-aligned chunks (`k3_kernels::hugebuf`).
+//! [`collapse_anonymous`] asks the kernel to back every large anonymous mapping of the process
+//! (the chunks, and the heap with what a load keeps there: f32 and f16 matrices, matrices made at
+//! load from others, and the larger buffers mapped on their own) by huge pages now
+//! (`MADV_COLLAPSE`, Linux 6.1+) and from then on (`MADV_HUGEPAGE`, so that the heap's later
+//! growth faults them in directly). [`advise`] does it for one buffer. Both are hints: on other
+//! systems, with THP disabled or when the kernel refuses, nothing changes and they return 0.
+//!
+//! When ([`Timing`], `K3MINI_HUGEPAGES`): by default a model's load returns with its weights on
+//! 4 KiB pages and [`promote_after_load`] collapses them on a thread of its own, so a load does
+//! not wait for fresh huge pages, which on a VM with free page reporting the host must back again
+//! first (`hugebuf`); [`wait_promoted`] waits for it (the benchmark does, before it measures).
+//! `K3MINI_HUGEPAGES=load` puts the chunks on huge pages from their first write and collapses
+//! the rest before the load returns; `K3MINI_HUGEPAGES=0` turns huge pages off (to measure
+//! without).
 
 #[cfg(target_os = "linux")]
 use k3_kernels::hugebuf::sys;
-pub use k3_kernels::hugebuf::{enabled, HUGE};
+pub use k3_kernels::hugebuf::{enabled, timing, Timing, HUGE};
+
+use std::sync::Mutex;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Promotions running on threads of their own, each its start and thread.
+static PROMOTIONS: Mutex<Vec<(Instant, JoinHandle<()>)>> = Mutex::new(Vec::new());
+
+/// After a load: this process's large anonymous memory onto huge pages ([`collapse_anonymous`]),
+/// as [`timing`] says: on a thread of its own (the default; [`wait_promoted`] waits for it), before
+/// returning (`K3MINI_HUGEPAGES=load`), or not at all (`0`).
+pub fn promote_after_load() {
+    match timing() {
+        Timing::Off => {}
+        Timing::AtLoad => {
+            collapse_anonymous();
+        }
+        Timing::After => {
+            let start = Instant::now();
+            // One thread: at most one core is taken from a first prefill that starts meanwhile.
+            let spawned = std::thread::Builder::new().name("k3-hugepages".into()).spawn(|| {
+                collapse_anonymous_on(1);
+            });
+            match spawned {
+                Ok(h) => PROMOTIONS.lock().unwrap_or_else(|e| e.into_inner()).push((start, h)),
+                // No thread to spare: collapse here rather than not at all.
+                Err(_) => {
+                    collapse_anonymous();
+                }
+            }
+        }
+    }
+}
+
+/// Wait for every promotion still running ([`promote_after_load`]); how long after its start the
+/// last one waited for finished (zero when none was running).
+pub fn wait_promoted() -> Duration {
+    let running: Vec<_> = std::mem::take(&mut *PROMOTIONS.lock().unwrap_or_else(|e| e.into_inner()));
+    running
+        .into_iter()
+        .map(|(start, h)| {
+            // A promotion only advises; a panic in one (none is expected) loses nothing.
+            let _ = h.join();
+            start.elapsed()
+        })
+        .max()
+        .unwrap_or_default()
+}
 
 /// The whole huge pages inside [start, start + len).
 fn inner(start: usize, len: usize) -> Option<(usize, usize)> {
@@ -83,6 +138,11 @@ pub fn huge_bytes() -> Option<usize> {
 /// [`COLLAPSE_RUN`] by one scoped thread a core, as now (loads alternating, 2 cores). The
 /// fastest loads are alike both ways: what two threads remove is the slow tail.
 pub fn collapse_anonymous() -> usize {
+    collapse_anonymous_on(std::thread::available_parallelism().map_or(1, |c| c.get()))
+}
+
+/// [`collapse_anonymous`] on at most `threads` threads (this one among them).
+fn collapse_anonymous_on(threads: usize) -> usize {
     if !enabled() {
         return 0;
     }
@@ -93,7 +153,7 @@ pub fn collapse_anonymous() -> usize {
         .filter_map(|(lo, len)| inner(lo, len).filter(|_| advise(lo as *const u8, len, false) > 0))
         .flat_map(|(lo, n)| (lo..lo + n).step_by(COLLAPSE_RUN).map(move |a| (a, COLLAPSE_RUN.min(lo + n - a))))
         .collect();
-    let threads = std::thread::available_parallelism().map_or(1, |c| c.get()).clamp(1, runs.len().max(1));
+    let threads = threads.clamp(1, runs.len().max(1));
     let next = std::sync::atomic::AtomicUsize::new(0);
     let work = || {
         while let Some(&(a, n)) = runs.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {

@@ -104,9 +104,9 @@ impl Model {
             ModelConfig::Kimi(c) => c.max_position_embeddings,
             ModelConfig::Llama(c) => c.max_position_embeddings,
         };
-        // The repacked weights are on huge pages already (k3_kernels::hugebuf); the rest of the
-        // heap goes onto huge pages too (a hint; see hugepages).
-        crate::hugepages::collapse_anonymous();
+        // The weights onto huge pages, by default on a thread of its own after this returns (a
+        // hint; see hugepages).
+        crate::hugepages::promote_after_load();
         Ok((Self { net, config, n_ctx, compute: Compute::default() }, warnings))
     }
 

@@ -5,9 +5,14 @@
 //! into ordinary heap buffers land on 4 KiB pages, and moving them onto huge pages afterwards
 //! (`MADV_COLLAPSE`) copies every byte a second time: on the Zen 4 host ~70 ms of a ~0.25 s load
 //! of the 370M Q4_0. A [`Buf`] placed [`Place::Huge`] is instead carved from a *chunk*: one
-//! anonymous mapping aligned to 2 MiB and advised `MADV_HUGEPAGE` before anything is written, so
-//! each first write faults in a whole huge page (fresh and zeroed by the kernel) and nothing is
-//! copied.
+//! anonymous mapping aligned to 2 MiB. With [`Timing::AtLoad`] it is advised `MADV_HUGEPAGE`
+//! before anything is written, so each first write faults in a whole huge page (fresh and zeroed
+//! by the kernel) and nothing is copied. By default ([`Timing::After`]) the chunk is filled on
+//! 4 KiB pages and collapsed whole after the load, off the load's path (k3-infer's `hugepages`):
+//! on a VM that hands free memory back to its host (virtio-balloon free page reporting, which
+//! reports free 2 MiB blocks), every fresh huge page is first backed by the host again, and a
+//! first load of the 370M Q4_0 took 0.4–0.65 s with huge pages at first write against 0.13–0.15 s
+//! on 4 KiB pages (Zen 4 host, after 15–20 s idle).
 //!
 //! Chunks are [`CHUNK`] bytes (a buffer of more than half that gets a mapping of its own), one
 //! open chunk a thread, carved front to back with no reuse: weights are allocated once and live
@@ -30,9 +35,30 @@ pub const HUGE: usize = 2 << 20;
 /// Bytes of one chunk of huge buffers (a whole number of huge pages).
 pub const CHUNK: usize = 16 * HUGE;
 
-/// Whether huge pages are wanted (`K3MINI_HUGEPAGES=0` says no).
+/// When the weights go onto huge pages (`K3MINI_HUGEPAGES`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Timing {
+    /// Never (`K3MINI_HUGEPAGES=0`).
+    Off,
+    /// From the first write, during the load (`K3MINI_HUGEPAGES=load`).
+    AtLoad,
+    /// Collapsed after the load, on a thread of their own (the default).
+    After,
+}
+
+/// The huge-page timing `K3MINI_HUGEPAGES` asks for: `0` off, `load` at first write, anything
+/// else (or unset) after the load.
+pub fn timing() -> Timing {
+    match std::env::var("K3MINI_HUGEPAGES").as_deref() {
+        Ok("0") => Timing::Off,
+        Ok("load") => Timing::AtLoad,
+        _ => Timing::After,
+    }
+}
+
+/// Whether huge pages are wanted at all (`K3MINI_HUGEPAGES=0` says no).
 pub fn enabled() -> bool {
-    std::env::var("K3MINI_HUGEPAGES").map_or(true, |v| v != "0")
+    timing() != Timing::Off
 }
 
 /// The system calls behind huge pages (Linux).
@@ -93,8 +119,9 @@ struct Chunk {
 }
 
 impl Chunk {
-    /// A mapping of `len` bytes (a multiple of [`HUGE`]) starting on a huge-page boundary and
-    /// advised onto huge pages before any write; `None` when the system refuses.
+    /// A mapping of `len` bytes (a multiple of [`HUGE`]) starting on a huge-page boundary and,
+    /// with [`Timing::AtLoad`], advised onto huge pages before any write; `None` when the system
+    /// refuses.
     #[cfg(target_os = "linux")]
     fn map(len: usize) -> Option<Chunk> {
         debug_assert!(len.is_multiple_of(HUGE));
@@ -110,7 +137,9 @@ impl Chunk {
             if raw + HUGE > base {
                 sys::munmap((base + len) as *mut _, raw + HUGE - base);
             }
-            sys::madvise(base as *mut _, len, sys::MADV_HUGEPAGE);
+            if timing() == Timing::AtLoad {
+                sys::madvise(base as *mut _, len, sys::MADV_HUGEPAGE);
+            }
         }
         MAPPED.fetch_add(len, std::sync::atomic::Ordering::Relaxed);
         Some(Chunk { base, len })
