@@ -42,8 +42,11 @@ pub fn promote_after_load() {
         }
         Timing::After => {
             let start = Instant::now();
-            // One thread: at most one core is taken from a first prefill that starts meanwhile.
+            // One thread, at the lowest priority: the cores a prefill or decode that starts
+            // meanwhile needs stay theirs.
             let spawned = std::thread::Builder::new().name("k3-hugepages".into()).spawn(|| {
+                #[cfg(target_os = "linux")]
+                sys::nice_this_thread(19);
                 collapse_anonymous_on(1);
             });
             match spawned {

@@ -78,6 +78,18 @@ pub mod sys {
         pub fn madvise(addr: *mut c_void, len: usize, advice: i32) -> i32;
         fn mmap(addr: *mut c_void, len: usize, prot: i32, flags: i32, fd: i32, off: i64) -> *mut c_void;
         pub fn munmap(addr: *mut c_void, len: usize) -> i32;
+        fn setpriority(which: i32, who: u32, prio: i32) -> i32;
+        fn gettid() -> i32;
+    }
+
+    /// Lower the calling thread's scheduling priority to `nice` (Linux applies it to the one
+    /// thread); a refusal leaves it as it was.
+    pub fn nice_this_thread(nice: i32) {
+        const PRIO_PROCESS: i32 = 0;
+        // SAFETY: plain system calls on this thread's own id, no memory passed.
+        unsafe {
+            setpriority(PRIO_PROCESS, gettid() as u32, nice);
+        }
     }
 
     /// A fresh private anonymous read-write mapping of `len` bytes (zero-filled, nothing backed
