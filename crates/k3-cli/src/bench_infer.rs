@@ -16,6 +16,7 @@ use k3_infer::{Logits, Model};
 use serde_json::{json, Value};
 
 use crate::bench_llama::Llama;
+use crate::bench_load::{fresh_loads, print_fresh_loads, print_loads, timed_load};
 
 #[derive(clap::Args)]
 pub struct BenchInferArgs {
@@ -113,7 +114,7 @@ fn ids_needed(a: &BenchInferArgs) -> Result<usize> {
     Ok(list(&a.prefill, "prefill")?.into_iter().max().unwrap_or(0).max(walk).max(1))
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
@@ -398,13 +399,13 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
     // process, one load apart (`first`) and `--load-repeat` more: the first load of a process
     // reads the file into the page cache and faults in fresh memory, and llama.cpp's loads, which
     // come later, would find both warm after ours.
-    let fresh = fresh_loads(&a.model, threads_first(a)?, a.fresh_loads, with_llama)?;
+    let threads = list(&a.threads, "threads")?;
+    let fresh = fresh_loads(&a.model, threads.first().copied().unwrap_or(1), a.fresh_loads, with_llama)?;
     let ours_first = if a.load_repeat > 0 { Some(timed_load(&a.model)?.0) } else { None };
     let ours_loads = (0..a.load_repeat).map(|_| Ok(timed_load(&a.model)?.0)).collect::<Result<Vec<f64>>>()?;
     let (mut model, _) = Model::load(&a.model).with_context(|| format!("loading {}", a.model.display()))?;
     // Measured with the weights where they stay: on huge pages once their promotion is done.
     let promoted = k3_infer::hugepages::wait_promoted().as_secs_f64();
-    let threads = list(&a.threads, "threads")?;
     // The quality windows up front, so that a wrong --reference or --quality-data fails before
     // the speed runs, not after them.
     let quality_windows = match &a.reference {
@@ -616,122 +617,6 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// Seconds of one `Model::load` of `model` in this process, and seconds after it returned until
-/// its weights were on huge pages (the model then dropped).
-pub fn timed_load(model: &Path) -> Result<(f64, f64)> {
-    let t0 = Instant::now();
-    let loaded = Model::load(model).with_context(|| format!("loading {}", model.display()))?;
-    let load = t0.elapsed().as_secs_f64();
-    let promoted = k3_infer::hugepages::wait_promoted().as_secs_f64();
-    drop(loaded);
-    Ok((load, promoted))
-}
-
-/// First loads of fresh processes (seconds): ours, ours until on huge pages (after the load
-/// returned), llama.cpp's.
-#[derive(Default)]
-struct Fresh {
-    ours: Vec<f64>,
-    ours_huge: Vec<f64>,
-    llama: Vec<f64>,
-}
-
-/// The first thread count of `--threads` (llama.cpp's loads run at it).
-fn threads_first(a: &BenchInferArgs) -> Result<usize> {
-    Ok(list(&a.threads, "threads")?.first().copied().unwrap_or(1))
-}
-
-/// `rounds` first loads of `model` in fresh processes: ours (`k3mini bench load`) and, when
-/// `with_llama`, llama.cpp's (`llama_cpp_bench.py --time-loads 1`), the order alternating round
-/// by round so that neither always finds the other's memory just freed. llama.cpp's list is
-/// empty without llama.cpp.
-fn fresh_loads(model: &Path, threads: usize, rounds: usize, with_llama: bool) -> Result<Fresh> {
-    let exe = std::env::current_exe().context("finding this program to start it again")?;
-    let ours = |f: &mut Fresh| -> Result<()> {
-        let out = Command::new(&exe).args(["bench", "load", "--model"]).arg(model).output()?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        let secs: Vec<f64> = text.split_whitespace().filter_map(|w| w.parse().ok()).collect();
-        match (out.status.success(), &secs[..]) {
-            (true, &[load, huge]) => {
-                f.ours.push(load);
-                f.ours_huge.push(huge);
-                Ok(())
-            }
-            _ => bail!(
-                "a fresh `k3mini bench load` of {} failed: {}",
-                model.display(),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        }
-    };
-    let theirs = || -> Result<Option<f64>> {
-        Ok(crate::bench_llama::load_times(model, threads, 1)?.and_then(|l| l.first().copied()))
-    };
-    let mut f = Fresh::default();
-    let mut llama = with_llama;
-    for round in 0..rounds {
-        if round % 2 == 1 {
-            ours(&mut f)?;
-        }
-        if llama {
-            match theirs()? {
-                Some(s) => f.llama.push(s),
-                None => llama = false,
-            }
-        }
-        if round % 2 == 0 {
-            ours(&mut f)?;
-        }
-    }
-    Ok(f)
-}
-
-/// The fresh-process loads' line (medians and llama.cpp's time over ours).
-fn print_fresh_loads(f: &Fresh) {
-    if f.ours.is_empty() {
-        return;
-    }
-    let (o, h) = (median(f.ours.clone()), median(f.ours_huge.clone()));
-    match f.llama.is_empty() {
-        true => println!(
-            "first load of a fresh process (median of {}): ours {o:.3} s (on huge pages {h:.3} s later)",
-            f.ours.len()
-        ),
-        false => {
-            let l = median(f.llama.clone());
-            println!(
-                "first load of a fresh process (median of {}, the engines alternating): ours {o:.3} s (on huge \
-                 pages {h:.3} s later), llama.cpp {l:.3} s: {:.2}x",
-                f.ours.len(),
-                l / o
-            );
-        }
-    }
-}
-
-/// The load times' line: each engine's median (of those it has) and their ratio (llama.cpp's
-/// time over ours: above 1 ours loads faster), then each engine's untimed first load.
-fn print_loads(ours: &[f64], theirs: &[f64], first: (Option<f64>, Option<f64>)) {
-    if ours.is_empty() {
-        return;
-    }
-    let (o, n) = (median(ours.to_vec()), ours.len());
-    let secs = |x: Option<f64>| x.map_or("-".to_string(), |s| format!("{s:.3} s"));
-    match theirs.is_empty() {
-        true => println!("load (median of {n}, after a first load): ours {o:.3} s; first load {}", secs(first.0)),
-        false => {
-            let l = median(theirs.to_vec());
-            println!(
-                "load (median of {n}, after a first load each): ours {o:.3} s, llama.cpp {l:.3} s: {:.2}x; \
-                 first loads {} / {}",
-                l / o,
-                secs(first.0),
-                secs(first.1)
-            );
-        }
-    }
 }
 
 /// The benchmarked GGUF judged against the f32 `reference` over the windows `ws` (KL, top-1,

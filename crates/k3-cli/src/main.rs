@@ -6,6 +6,7 @@
 
 mod bench_infer;
 mod bench_llama;
+mod bench_load;
 #[cfg(feature = "train")]
 mod bench_train;
 mod capture;
@@ -322,7 +323,7 @@ fn run() -> Result<()> {
             Ok(())
         }
         Cmd::Bench(BenchCmd::Load { model }) => {
-            let (load, promoted) = bench_infer::timed_load(&model)?;
+            let (load, promoted) = bench_load::timed_load(&model)?;
             println!("{load:.6} {promoted:.6}");
             Ok(())
         }

@@ -47,13 +47,14 @@ pub enum Timing {
 }
 
 /// The huge-page timing `K3MINI_HUGEPAGES` asks for: `0` off, `load` at first write, anything
-/// else (or unset) after the load.
+/// else (or unset) after the load. Read once a process (every buffer a load carves asks).
 pub fn timing() -> Timing {
-    match std::env::var("K3MINI_HUGEPAGES").as_deref() {
+    static TIMING: std::sync::OnceLock<Timing> = std::sync::OnceLock::new();
+    *TIMING.get_or_init(|| match std::env::var("K3MINI_HUGEPAGES").as_deref() {
         Ok("0") => Timing::Off,
         Ok("load") => Timing::AtLoad,
         _ => Timing::After,
-    }
+    })
 }
 
 /// Whether huge pages are wanted at all (`K3MINI_HUGEPAGES=0` says no).
@@ -194,25 +195,23 @@ fn carve(bytes: usize) -> Option<(usize, Arc<Chunk>)> {
         return None;
     }
     let bytes = bytes.checked_next_multiple_of(64)?;
-    if bytes > CHUNK / 2 {
+    let (at, chunk) = if bytes > CHUNK / 2 {
         let chunk = Arc::new(Chunk::map(bytes.checked_next_multiple_of(HUGE)?)?);
-        populate(chunk.base, bytes);
-        return Some((chunk.base, chunk));
-    }
-    let carved = OPEN.with(|o| {
-        let mut o = o.borrow_mut();
-        if o.as_ref().is_none_or(|(c, used)| used + bytes > c.len) {
-            *o = Some((Arc::new(Chunk::map(CHUNK)?), 0));
-        }
-        let (chunk, used) = o.as_mut()?;
-        let at = chunk.base + *used;
-        *used += bytes;
-        Some((at, chunk.clone()))
-    });
-    if let Some((at, _)) = &carved {
-        populate(*at, bytes);
-    }
-    carved
+        (chunk.base, chunk)
+    } else {
+        OPEN.with(|o| {
+            let mut o = o.borrow_mut();
+            if o.as_ref().is_none_or(|(c, used)| used + bytes > c.len) {
+                *o = Some((Arc::new(Chunk::map(CHUNK)?), 0));
+            }
+            let (chunk, used) = o.as_mut()?;
+            let at = chunk.base + *used;
+            *used += bytes;
+            Some((at, chunk.clone()))
+        })?
+    };
+    populate(at, bytes);
+    Some((at, chunk))
 }
 
 /// Fault in the 4 KiB pages of [at, at + bytes) in one call (`MADV_POPULATE_WRITE`, Linux 5.14+)
