@@ -26,6 +26,11 @@ pub const PRESETS: &[(&str, &str, &str)] = &[
         "the speed benchmark's model: d 1024, 24 layers (18 KDA + 6 MLA), 8 heads of 128, kv_lora 256, FFN 2816, vocab 32000",
     ),
     (
+        "bench-moe",
+        "Kimi-Linear",
+        "bench-370m with Kimi-Linear's MoE after its first layer: 64 experts of 256, top 8 + 1 shared; ~1.3B params, ~0.33B active",
+    ),
+    (
         "3b",
         "K3",
         "architecture.md §8 config C: d 2304, 32 layers (24 KDA + 8 MLA), dense SiTU-GLU, 128K context (config only)",
@@ -41,6 +46,7 @@ pub fn preset(name: &str, vocab: Option<usize>) -> Result<ModelConfig> {
         "tiny-llama" => ModelConfig::Llama(tiny_llama()),
         "small" => ModelConfig::Kimi(small()),
         "bench-370m" => ModelConfig::Kimi(bench_370m()),
+        "bench-moe" => ModelConfig::Kimi(bench_moe()),
         "3b" => ModelConfig::Kimi(k3_3b()),
         other => {
             let names: Vec<&str> = PRESETS.iter().map(|p| p.0).collect();
@@ -216,6 +222,27 @@ pub fn bench_370m() -> KimiConfig {
     c.mla.qk_rope_head_dim = 64;
     c.mla.v_head_dim = 128;
     c.max_position_embeddings = 65_536;
+    c
+}
+
+/// The benchmark's mixture-of-experts model: [`bench_370m`] with Kimi-Linear-48B-A3B's kind of
+/// MoE (many narrow experts, sigmoid router, one shared expert, a dense first layer) after its
+/// first layer, scaled to the 370M's width. Random weights route about evenly, so each token
+/// reads its 8 experts' rows from memory, as a trained model mostly does.
+pub fn bench_moe() -> KimiConfig {
+    let mut c = bench_370m();
+    c.layers = KimiConfig::hybrid_layout(24, |i| if i == 0 { FfnKind::Dense } else { FfnKind::Moe });
+    c.moe = MoeConfig {
+        num_experts: 64,
+        top_k: 8,
+        num_shared_experts: 1,
+        intermediate_size: 256,
+        routed_scaling_factor: 2.446,
+        renormalize: true,
+        num_expert_group: 1,
+        topk_group: 1,
+        latent: None,
+    };
     c
 }
 

@@ -25,6 +25,11 @@ pub fn finish() -> BTreeMap<String, Vec<f32>> {
     sums.into_iter().map(|(k, (s, n))| (k, s.iter().map(|v| (v / n.max(1) as f64) as f32).collect())).collect()
 }
 
+/// Whether inputs are being recorded (a path that skips [`record`] must not run then).
+pub(crate) fn recording() -> bool {
+    ON.load(Ordering::Relaxed)
+}
+
 /// Fold `t` rows of `cols` inputs of matrix `name` in, when recording.
 pub(crate) fn record(name: &str, x: &[f32], t: usize, cols: usize) {
     if !ON.load(Ordering::Relaxed) {

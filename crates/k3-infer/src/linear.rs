@@ -355,6 +355,20 @@ pub fn packed_product(p: &Packed, acts: &QActs, threads: usize) -> Vec<f32> {
     }
 }
 
+/// `y_i = W_i · acts_i` for packed matrices each on an input of its own, into the given
+/// `[T_i, rows_i]` outputs: the products of equal T as one pool job ([`packed_products`]), so
+/// every selected expert of a mixture goes to the pool at once (decode: one job for all).
+pub fn packed_products_each(jobs: &mut [(&Packed, &QActs, &mut [f32])], threads: usize) {
+    let mut ts: Vec<usize> = jobs.iter().map(|j| j.1.t).collect();
+    ts.sort_unstable();
+    ts.dedup();
+    for t in ts {
+        let mut group: Vec<(&Packed, &QActs, &mut [f32])> =
+            jobs.iter_mut().filter(|j| j.1.t == t).map(|(p, a, y)| (*p, *a, &mut **y)).collect();
+        packed_products(&mut group, threads);
+    }
+}
+
 /// `n` floats not yet written, for a product's output (zeroing what every task then overwrites
 /// was ~1–2% of a 4096-token prefill, in memset).
 fn uninit(n: usize) -> Vec<MaybeUninit<f32>> {
@@ -610,6 +624,42 @@ mod tests {
                 }
                 let mixed = Matrix::apply_many(&[&ms[0], &f16], &x, t, cx);
                 assert!(mixed[1] == f16.apply(&x, t, cx) && mixed[0] == got[0], "mixed group T={t} x{threads}");
+            }
+        }
+    }
+
+    #[test]
+    fn packed_products_each_equal_one_product_at_a_time() {
+        // Matrices on inputs of their own, of several T (one job per T), one input shared by
+        // two matrices: every output exactly its own product's, at every thread count.
+        let mut rng = Rng::new(7);
+        let cols = 256;
+        let mk = |rng: &mut Rng, rows: usize, ty: GgmlType| {
+            let w = rng.normals(rows * cols, 0.5);
+            Matrix::new(rows, cols, ty, w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect())
+        };
+        let ms = [
+            mk(&mut rng, 64, GgmlType::Q4_0),
+            mk(&mut rng, 48, GgmlType::Q8_0),
+            mk(&mut rng, 130, GgmlType::Q4_1),
+            mk(&mut rng, 32, GgmlType::Q4_0),
+        ];
+        let xs = [rng.normals(3 * cols, 1.0), rng.normals(cols, 1.0), rng.normals(5 * cols, 1.0)];
+        let acts: Vec<QActs> = xs.iter().map(|x| QActs::quantize(x, x.len() / cols, cols)).collect();
+        // (matrix, input)
+        let items = [(0, 0), (1, 1), (2, 0), (3, 2), (0, 1)];
+        for threads in [1, 2, 3] {
+            let cx = Compute { threads, exact: false };
+            let mut outs: Vec<Vec<f32>> = items.iter().map(|&(m, x)| vec![f32::NAN; acts[x].t * ms[m].rows]).collect();
+            let mut jobs: Vec<(&Packed, &QActs, &mut [f32])> = items
+                .iter()
+                .zip(outs.iter_mut())
+                .map(|(&(m, x), y)| (ms[m].packed.as_deref().expect("packed"), &acts[x], y.as_mut_slice()))
+                .collect();
+            packed_products_each(&mut jobs, threads);
+            for (&(m, x), got) in items.iter().zip(&outs) {
+                let t = acts[x].t;
+                assert!(*got == ms[m].apply(&xs[x], t, cx), "matrix {m} on input {x} (T={t}) x{threads}");
             }
         }
     }

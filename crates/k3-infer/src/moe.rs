@@ -9,7 +9,9 @@ use k3_config::{Activation, MoeConfig};
 use k3_kernels::ops;
 
 use crate::ffn::{glu_inplace, Mlp};
-use crate::linear::{Compute, Matrix};
+use k3_kernels::qgemm::{Packed, QActs};
+
+use crate::linear::{packed_products_each, Compute, Matrix};
 use crate::routing::{Route, RoutingTap};
 use crate::source::{ExpertPart, Source};
 use crate::Result;
@@ -122,6 +124,12 @@ impl Moe {
         idx.into_iter().zip(w).map(|(x, wv)| (x, wv * c.routed_scaling_factor as f32)).collect()
     }
 
+    /// Each expert runs once over all the tokens that chose it (prefill: one product of T_e
+    /// rows instead of T_e one-row products). On the integer kernels the products of every
+    /// selected expert go to the pool together: all gates and ups (and the shared experts', on
+    /// the same input) in one job per row count T_e, then all downs; a decoded token is two
+    /// jobs, not two per expert. Each token sums its experts' outputs in its selection order.
+    ///
     /// # Shapes
     /// x: [T, C] → [T, C]
     pub fn forward(&self, x: &[f32], t: usize, cx: Compute) -> Vec<f32> {
@@ -134,21 +142,37 @@ impl Moe {
         };
         let width = z.len() / t;
         let e = self.experts.len();
+        let picks: Vec<Vec<(usize, f32)>> = (0..t).map(|r| self.select(&logits[r * e..(r + 1) * e])).collect();
+        // Each expert's tokens, in token order, and each pick's row among its expert's.
+        let mut tokens: Vec<Vec<usize>> = vec![Vec::new(); e];
+        let rows: Vec<Vec<usize>> = picks
+            .iter()
+            .enumerate()
+            .map(|(r, pr)| {
+                pr.iter()
+                    .map(|&(ex, _)| {
+                        tokens[ex].push(r);
+                        tokens[ex].len() - 1
+                    })
+                    .collect()
+            })
+            .collect();
+        // The shared experts read x, which is the routed experts' input too without a latent.
+        let fold = self.latent.is_none() && self.shared.is_some();
+        let out = match self.experts_packed(&z, t, &tokens, fold, cx) {
+            Some(out) => out,
+            None => self.experts_each(&z, t, &tokens, cx),
+        };
         let mut acc = vec![0f32; t * width];
         let mut routes: Vec<Route> = Vec::new();
-        for r in 0..t {
-            let zr = &z[r * width..(r + 1) * width];
-            for (ex, wv) in self.select(&logits[r * e..(r + 1) * e]) {
-                let expert = &self.experts[ex];
-                let [mut g, u]: [Vec<f32>; 2] =
-                    Matrix::apply_many(&[&expert.gate, &expert.up], zr, 1, cx).try_into().expect("two products");
-                glu_inplace(&mut g, &u, self.act);
-                let y = expert.down.apply(&g, 1, cx);
+        for (r, (pr, rr)) in picks.iter().zip(&rows).enumerate() {
+            for (&(ex, wv), &i) in pr.iter().zip(rr) {
+                let at = (out.start[ex] + i) * width;
+                let y = &out.y[at..at + width];
                 if self.tap.is_some() {
-                    let out_norm = ops::dot(&y, &y).sqrt();
-                    routes.push(Route { expert: ex as u32, weight: wv, out_norm });
+                    routes.push(Route { expert: ex as u32, weight: wv, out_norm: ops::dot(y, y).sqrt() });
                 }
-                ops::axpy(&mut acc[r * width..(r + 1) * width], wv, &y);
+                ops::axpy(&mut acc[r * width..(r + 1) * width], wv, y);
             }
         }
         if let Some(tap) = &self.tap {
@@ -164,11 +188,271 @@ impl Moe {
             }
             None => acc,
         };
-        if let Some(s) = &self.shared {
-            let sh = s.forward(x, t, cx);
+        let shared = match (out.shared, &self.shared) {
+            (Some(sh), _) => Some(sh),
+            (None, Some(s)) => Some(s.forward(x, t, cx)),
+            (None, None) => None,
+        };
+        if let Some(sh) = shared {
             ops::axpy(&mut y, 1.0, &sh);
         }
         debug_assert_eq!(y.len(), t * c);
         y
+    }
+
+    /// The selected experts one after another, each over its tokens' rows of z (any matrix
+    /// type, the exact mode): [`ExpertsOut`] without the shared experts.
+    fn experts_each(&self, z: &[f32], t: usize, tokens: &[Vec<usize>], cx: Compute) -> ExpertsOut {
+        let width = z.len() / t;
+        let start = starts(tokens);
+        let mut y = vec![0f32; start[tokens.len()] * width];
+        for (ex, rows) in tokens.iter().enumerate().filter(|(_, rows)| !rows.is_empty()) {
+            let xe = gather(z, width, rows, t);
+            let expert = &self.experts[ex];
+            let [mut g, u]: [Vec<f32>; 2] =
+                Matrix::apply_many(&[&expert.gate, &expert.up], &xe, rows.len(), cx).try_into().expect("two products");
+            let f = expert.gate.rows;
+            crate::threads::par_rows(&mut g, f, cx.threads, |r0, blk| {
+                glu_inplace(blk, &u[r0 * f..r0 * f + blk.len()], self.act)
+            });
+            let ye = expert.down.apply(&g, rows.len(), cx);
+            y[start[ex] * width..start[ex] * width + ye.len()].copy_from_slice(&ye);
+        }
+        ExpertsOut { y, start, shared: None }
+    }
+
+    /// [`Self::experts_each`] on the integer kernels, every expert's products in the same pool
+    /// jobs: z quantized once and each expert handed its tokens' rows ([`QActs::select_rows`]);
+    /// all gates and ups ([`packed_products_each`]: one job per row count), the GLU over all
+    /// of their rows, one quantization of the result, all downs. With `fold`, the shared
+    /// experts (whose input, without a latent, is z) ride along in both jobs. `None` when a
+    /// matrix is not packed, in the exact mode, or while calibration records inputs.
+    fn experts_packed(
+        &self,
+        z: &[f32],
+        t: usize,
+        tokens: &[Vec<usize>],
+        fold: bool,
+        cx: Compute,
+    ) -> Option<ExpertsOut> {
+        fn packed(m: &Matrix, exact: bool) -> Option<&Packed> {
+            if exact {
+                None
+            } else {
+                m.packed.as_deref()
+            }
+        }
+        let active: Vec<usize> = (0..tokens.len()).filter(|&ex| !tokens[ex].is_empty()).collect();
+        let ws: Vec<[&Packed; 3]> = active
+            .iter()
+            .map(|&ex| {
+                let x = &self.experts[ex];
+                Some([packed(&x.gate, cx.exact)?, packed(&x.up, cx.exact)?, packed(&x.down, cx.exact)?])
+            })
+            .collect::<Option<_>>()?;
+        let shared = match (&self.shared, fold) {
+            (Some(s), true) => Some([packed(&s.gate, cx.exact)?, packed(&s.up, cx.exact)?, packed(&s.down, cx.exact)?]),
+            _ => None,
+        };
+        if crate::calib::recording() {
+            return None;
+        }
+        let (width, threads) = (z.len() / t, cx.threads);
+        let f = ws.first().map_or(0, |w| w[0].rows);
+        if ws.iter().any(|w| w[0].rows != f || w[1].rows != f || w[2].cols != f) {
+            return None;
+        }
+        let start = starts(tokens);
+        let p = start[tokens.len()];
+        let az = QActs::quantize_threads(z, t, width, threads);
+        // An expert chosen by every token (always so for one token) takes z's activations as
+        // they are.
+        let sel: Vec<Option<QActs>> =
+            active.iter().map(|&ex| (tokens[ex].len() < t).then(|| az.select_rows(&tokens[ex]))).collect();
+        let fs = shared.map_or(0, |s| s[0].rows);
+        let (mut g, mut u, mut gs, mut us) =
+            (vec![0f32; p * f], vec![0f32; p * f], vec![0f32; t * fs], vec![0f32; t * fs]);
+        {
+            let mut jobs: Vec<(&Packed, &QActs, &mut [f32])> = Vec::with_capacity(2 * active.len() + 2);
+            let (mut gr, mut ur) = (g.as_mut_slice(), u.as_mut_slice());
+            for ((&ex, w), a) in active.iter().zip(&ws).zip(&sel) {
+                let n = tokens[ex].len() * f;
+                let (ge, rest) = std::mem::take(&mut gr).split_at_mut(n);
+                gr = rest;
+                let (ue, rest) = std::mem::take(&mut ur).split_at_mut(n);
+                ur = rest;
+                let a = a.as_ref().unwrap_or(&az);
+                jobs.push((w[0], a, ge));
+                jobs.push((w[1], a, ue));
+            }
+            if let Some(s) = shared {
+                jobs.push((s[0], &az, gs.as_mut_slice()));
+                jobs.push((s[1], &az, us.as_mut_slice()));
+            }
+            packed_products_each(&mut jobs, threads);
+        }
+        let glu = |g: &mut [f32], u: &[f32], f: usize| {
+            crate::threads::par_rows(g, f, threads, |r0, blk| {
+                glu_inplace(blk, &u[r0 * f..r0 * f + blk.len()], self.act)
+            })
+        };
+        glu(&mut g, &u, f);
+        let ah = QActs::quantize_threads(&g, p, f, threads);
+        let hsel: Vec<QActs> = active
+            .iter()
+            .map(|&ex| ah.select_rows(&(start[ex]..start[ex] + tokens[ex].len()).collect::<Vec<_>>()))
+            .collect();
+        let ahs = shared.map(|_| {
+            glu(&mut gs, &us, fs);
+            QActs::quantize_threads(&gs, t, fs, threads)
+        });
+        let c = shared.map_or(0, |s| s[2].rows);
+        let (mut y, mut ysh) = (vec![0f32; p * width], vec![0f32; t * c]);
+        {
+            let mut jobs: Vec<(&Packed, &QActs, &mut [f32])> = Vec::with_capacity(active.len() + 1);
+            let mut yr = y.as_mut_slice();
+            for ((&ex, w), a) in active.iter().zip(&ws).zip(&hsel) {
+                let (ye, rest) = std::mem::take(&mut yr).split_at_mut(tokens[ex].len() * width);
+                yr = rest;
+                jobs.push((w[2], a, ye));
+            }
+            if let (Some(s), Some(a)) = (shared, &ahs) {
+                jobs.push((s[2], a, ysh.as_mut_slice()));
+            }
+            packed_products_each(&mut jobs, threads);
+        }
+        Some(ExpertsOut { y, start, shared: shared.map(|_| ysh) })
+    }
+}
+
+/// The selected experts' outputs: expert e's rows (one per token that chose it, in token
+/// order) from row `start[e]` of `y` [P, width] (P all the picks); `shared` the shared experts'
+/// output [T, C] when they ran in the same jobs.
+struct ExpertsOut {
+    y: Vec<f32>,
+    start: Vec<usize>,
+    shared: Option<Vec<f32>>,
+}
+
+/// Each expert's first row among all the picks, experts in id order; entry E is the total.
+fn starts(tokens: &[Vec<usize>]) -> Vec<usize> {
+    let mut start = Vec::with_capacity(tokens.len() + 1);
+    start.push(0);
+    for rows in tokens {
+        start.push(start.last().copied().unwrap_or(0) + rows.len());
+    }
+    start
+}
+
+/// The rows `rows` of x [T, width], as [rows.len(), width] (all of x when they are all rows).
+fn gather<'a>(x: &'a [f32], width: usize, rows: &[usize], t: usize) -> std::borrow::Cow<'a, [f32]> {
+    if rows.len() == t {
+        return std::borrow::Cow::Borrowed(x); // every token, in order
+    }
+    let mut out = Vec::with_capacity(rows.len() * width);
+    for &r in rows {
+        out.extend_from_slice(&x[r * width..(r + 1) * width]);
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k3_config::LatentMoe;
+    use k3_kernels::quant::GgmlType;
+    use k3_kernels::testing::Rng;
+
+    /// The reference: one token at a time, each selected expert its own products, the shared
+    /// experts on their own (the form `forward` had before experts were grouped).
+    fn forward_per_token(m: &Moe, x: &[f32], t: usize, cx: Compute) -> Vec<f32> {
+        let mut logits = m.router.apply(x, t, cx);
+        logits.iter_mut().for_each(|v| *v = ops::sigmoid(*v));
+        let z = match &m.latent {
+            Some((down, _, _)) => down.apply(x, t, cx),
+            None => x.to_vec(),
+        };
+        let (width, e) = (z.len() / t, m.experts.len());
+        let mut acc = vec![0f32; t * width];
+        for r in 0..t {
+            let zr = &z[r * width..(r + 1) * width];
+            for (ex, wv) in m.select(&logits[r * e..(r + 1) * e]) {
+                let expert = &m.experts[ex];
+                let [mut g, u]: [Vec<f32>; 2] =
+                    Matrix::apply_many(&[&expert.gate, &expert.up], zr, 1, cx).try_into().expect("two");
+                glu_inplace(&mut g, &u, m.act);
+                ops::axpy(&mut acc[r * width..(r + 1) * width], wv, &expert.down.apply(&g, 1, cx));
+            }
+        }
+        let mut y = match &m.latent {
+            Some((_, up, norm)) => {
+                if let Some(nw) = norm {
+                    let src = acc.clone();
+                    ops::rmsnorm(&mut acc, &src, nw, m.eps);
+                }
+                up.apply(&acc, t, cx)
+            }
+            None => acc,
+        };
+        if let Some(s) = &m.shared {
+            ops::axpy(&mut y, 1.0, &s.forward(x, t, cx));
+        }
+        y
+    }
+
+    fn moe(rng: &mut Rng, ty: GgmlType, latent: Option<usize>, shared: bool) -> Moe {
+        let (c, fe, e) = (128, 64, 8);
+        let width = latent.unwrap_or(c);
+        let mut mat = |rows: usize, cols: usize, ty: GgmlType| {
+            let w = rng.normals(rows * cols, 0.3);
+            Matrix::new(rows, cols, ty, w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect())
+        };
+        let experts = (0..e)
+            .map(|_| Expert { gate: mat(fe, width, ty), up: mat(fe, width, ty), down: mat(width, fe, ty) })
+            .collect();
+        let act = Activation::Silu;
+        let shared = shared.then(|| Mlp { gate: mat(fe, c, ty), up: mat(fe, c, ty), down: mat(c, fe, ty), act });
+        let latent = latent.map(|l| (mat(l, c, ty), mat(c, l, ty), Some(vec![1.0; l])));
+        let router = mat(e, c, GgmlType::F32);
+        let bias = rng.normals(e, 0.1);
+        let cfg = MoeConfig {
+            num_experts: e,
+            top_k: 3,
+            num_shared_experts: usize::from(shared.is_some()),
+            intermediate_size: fe,
+            routed_scaling_factor: 2.0,
+            renormalize: true,
+            num_expert_group: 1,
+            topk_group: 1,
+            latent: latent.as_ref().map(|l| LatentMoe { dim: l.0.rows, use_norm: true }),
+        };
+        Moe { router, bias, experts, shared, latent, cfg, act, eps: 1e-5, layer: 0, tap: None }
+    }
+
+    /// Experts grouped over the tokens that chose them, with the shared experts in the same
+    /// jobs, give the one-token-at-a-time products: for one token (decode) and many (prefill),
+    /// packed and f32 experts, with and without a latent or shared experts, at 1 and 2 threads.
+    #[test]
+    fn grouped_experts_match_one_token_at_a_time() {
+        let mut rng = Rng::new(21);
+        for (ty, latent, shared) in [
+            (GgmlType::Q4_0, None, true),
+            (GgmlType::Q8_0, Some(96), true),
+            (GgmlType::Q4_1, None, false),
+            (GgmlType::F32, Some(96), true),
+        ] {
+            let m = moe(&mut rng, ty, latent, shared);
+            for t in [1, 5, 40] {
+                let x = rng.normals(t * 128, 1.0);
+                for threads in [1, 2] {
+                    let cx = Compute { threads, exact: false };
+                    let (got, want) = (m.forward(&x, t, cx), forward_per_token(&m, &x, t, cx));
+                    let scale = want.iter().fold(0f32, |a, v| a.max(v.abs()));
+                    let worst = got.iter().zip(&want).fold(0f32, |a, (g, w)| a.max((g - w).abs()));
+                    // Multi-row products may sum in another order than one-row ones (AMX).
+                    assert!(worst <= 1e-5 * scale, "{ty:?} latent {latent:?} T={t} x{threads}: {worst:e} of {scale}");
+                }
+            }
+        }
     }
 }

@@ -147,6 +147,25 @@ impl QActs {
         a
     }
 
+    /// The rows `rows` (in that order) as activations of their own: the bits of quantizing
+    /// those rows of the input, since every row is quantized alone (a mixture's experts take
+    /// their tokens' rows of one quantized input).
+    pub fn select_rows(&self, rows: &[usize]) -> QActs {
+        let (nbp, n) = (self.nbp, rows.len());
+        let mut a = QActs::zeros(n, nbp * BLOCK); // nbp is even: the same blocks a row
+        debug_assert_eq!(a.nbp, nbp);
+        for (i, &r) in rows.iter().enumerate() {
+            assert!(r < self.t, "select_rows: row {r} of {}", self.t);
+            let (src, dst) = (r * nbp, i * nbp);
+            a.qs[dst * BLOCK..(dst + nbp) * BLOCK].copy_from_slice(&self.qs[src * BLOCK..(src + nbp) * BLOCK]);
+            a.d[dst..dst + nbp].copy_from_slice(&self.d[src..src + nbp]);
+            a.s[dst..dst + nbp].copy_from_slice(&self.s[src..src + nbp]);
+            a.s16[dst..dst + nbp].copy_from_slice(&self.s16[src..src + nbp]);
+            a.hs[2 * dst..2 * (dst + nbp)].copy_from_slice(&self.hs[2 * src..2 * (src + nbp)]);
+        }
+        a
+    }
+
     /// Start loading the activations into this core's caches, every line at once: a worker's
     /// task reads what another core just wrote, and the kernel's in-order first reads would
     /// otherwise wait for those lines one after another. Small inputs only (decode's few rows).

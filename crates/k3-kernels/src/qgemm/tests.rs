@@ -82,6 +82,25 @@ fn every_simd_quantizer_gives_the_reference_bits_at(cols: usize) {
 }
 
 #[test]
+fn selected_rows_are_those_rows_quantized() {
+    // A mixture's experts take their tokens' rows of one quantized input: each selection must
+    // hold exactly what quantizing the gathered rows gives, padding included (an odd block
+    // count; 20 rows, past the AMX tiles' 16, pad to 32 rows; 3 rows do not pad).
+    let mut rng = Rng::new(23);
+    let (t, cols) = (40, 96);
+    let x = rng.normals(t * cols, 1.5);
+    let all = QActs::quantize(&x, t, cols);
+    let pick: Vec<usize> = (0..20).map(|i| (i * 7 + 3) % t).collect();
+    for rows in [vec![5, 0, 39], pick, (0..t).collect()] {
+        let gathered: Vec<f32> = rows.iter().flat_map(|&r| x[r * cols..(r + 1) * cols].iter().copied()).collect();
+        let (got, want) = (all.select_rows(&rows), QActs::quantize(&gathered, rows.len(), cols));
+        assert_eq!((got.t, got.nbp), (want.t, want.nbp));
+        assert!(got.qs == want.qs && got.d == want.d && got.s == want.s, "{} rows", rows.len());
+        assert!(got.s16 == want.s16 && got.hs == want.hs, "{} rows", rows.len());
+    }
+}
+
+#[test]
 fn the_vectorisable_rounding_is_round_ties_even() {
     let mut rng = Rng::new(3);
     let ties = (-255..=255).map(|i| i as f32 * 0.5);
