@@ -1,9 +1,11 @@
 //! In-process A/B of decode variants: one model, one sequence, decoded in blocks of BLOCK
 //! tokens with the variant switched between blocks and the order rotated every round, so that
-//! the host's drift (minutes long here) hits every variant alike. A variant is `C` or `CL`: C
-//! the allocator's per-thread cache (`k3_infer::alloc`), L the lean hand-off of two-task jobs
-//! (`k3_kernels::threads::set_lean_pairs`; on when not given), each 0 (off) or 1 (on). An
-//! experiment that switches something else at run time adds its own variants
+//! the host's drift (minutes long here) hits every variant alike. A variant is `C`, `CL`, `CLS`
+//! or `CLSP`: C the allocator's per-thread cache (`k3_infer::alloc`), L the lean hand-off of
+//! two-task jobs (`k3_kernels::threads::set_lean_pairs`), S each job site's own balance, P each
+//! decode task's next band prefetched (`k3_kernels::qgemm::set_band_prefetch`), each 0 (off) or
+//! 1 (on); L, S and P on when not given. An experiment that switches something else at run time
+//! adds its own variants
 //! (scripts/experiments/decode-barriers has patches that did). Prints each variant's median
 //! block speed and its median per-round speed ratio to the first.
 //!
@@ -30,8 +32,8 @@ fn main() {
     let (threads, block, rounds) = (num(2), num(16), num(30));
     let modes: Vec<String> =
         std::env::args().nth(5).unwrap_or_else(|| "0,1".into()).split(',').map(str::to_string).collect();
-    if let Some(bad) = modes.iter().find(|m| m.is_empty() || m.len() > 3 || m.chars().any(|c| c != '0' && c != '1')) {
-        eprintln!("decode_ab: unknown variant {bad:?} (C, CL or CLS: C the allocator's cache, L the lean pair hand-off, S each job site's own balance; 0 off, 1 on)");
+    if let Some(bad) = modes.iter().find(|m| m.is_empty() || m.len() > 4 || m.chars().any(|c| c != '0' && c != '1')) {
+        eprintln!("decode_ab: unknown variant {bad:?} (C, CL, CLS or CLSP: C the allocator's cache, L the lean pair hand-off, S each job site's own balance, P each decode task's next band prefetched; 0 off, 1 on)");
         std::process::exit(2);
     }
     let (mut model, _) = Model::load(&path).unwrap_or_else(|e| {
@@ -59,6 +61,7 @@ fn main() {
             let on = |i: usize| modes[v].as_bytes().get(i).is_none_or(|&c| c == b'1');
             k3_kernels::threads::set_lean_pairs(on(1));
             k3_kernels::threads::set_site_balance(on(2));
+            k3_kernels::qgemm::set_band_prefetch(on(3));
             let s = step(block);
             if r > 0 {
                 secs[v].push(s);

@@ -3,7 +3,7 @@
 use k3_config::Activation;
 use k3_kernels::ops;
 
-use k3_kernels::qgemm::{gemm_rows_out, quantize_row, Isa, OutMat, QActs, BLOCK};
+use k3_kernels::qgemm::{gemm_rows_out, prefetch_next_band, quantize_row, Isa, OutMat, QActs, BLOCK};
 use k3_kernels::threads::{pair_balance, Pool, SendPtr};
 
 use crate::linear::{packed_product, Compute, Matrix};
@@ -100,6 +100,7 @@ impl Mlp {
             // input (the bands partition 0..F); every pointer outlives the job; the packed rows
             // lo..hi exist (hi ≤ F) and start on their row tiles (BLOCK is a multiple of them).
             let (gb, ub, q, dq, sq, s16q, hsq) = unsafe {
+                prefetch_next_band(upp, lo, hi, 1);
                 gemm_rows_out(isa, gp, &acts, lo, hi, OutMat { ptr: gptr.get().add(lo), rs: 1, cs: f });
                 gemm_rows_out(isa, upp, &acts, lo, hi, OutMat { ptr: uptr.get().add(lo), rs: 1, cs: f });
                 (

@@ -7,7 +7,7 @@ use std::mem::MaybeUninit;
 use std::sync::Arc;
 
 use k3_kernels::hugebuf::Place;
-use k3_kernels::qgemm::{gemm_rows_out, Isa, OutMat, Packed, QActs};
+use k3_kernels::qgemm::{gemm_rows_out, prefetch_next_band, Isa, OutMat, Packed, QActs};
 use k3_kernels::quant::GgmlType;
 
 use crate::threads::par_chunks;
@@ -431,7 +431,10 @@ unsafe fn packed_products_into(jobs: &mut [(&Packed, &QActs, *mut f32)], threads
         for &(j, _, _) in &tasks[i] {
             outs[j].1.warm();
         }
-        for &(j, lo, hi) in &tasks[i] {
+        for (k, &(j, lo, hi)) in tasks[i].iter().enumerate() {
+            if let Some(&(jn, lon, hin)) = tasks[i].get(k + 1) {
+                prefetch_next_band(outs[jn].0, lon, hin, t);
+            }
             let (p, acts, out) = outs[j];
             // SAFETY: y_j holds [T, rows_j] and no one else touches it during this call (the
             // caller's promise); the segments of all tasks are disjoint and cover every row, so

@@ -543,6 +543,24 @@ pub fn gemm_rows(isa: Isa, w: &Packed, a: &QActs, lo: usize, hi: usize, out: &mu
     unsafe { gemm_rows_out(isa, w, a, lo, hi, OutMat { ptr: out.as_mut_ptr(), rs: a.t, cs: 1 }) }
 }
 
+/// Whether decode tasks start each next band on its way ([`prefetch_next_band`]);
+/// `K3MINI_BAND_PREFETCH=0` turns it off.
+static BAND_PREFETCH: crate::threads::Switch = crate::threads::Switch::new("K3MINI_BAND_PREFETCH", "0");
+
+/// Set [`prefetch_next_band`]'s switch for the rest of the process (in-process A/B measurements).
+pub fn set_band_prefetch(on: bool) {
+    BAND_PREFETCH.set(on);
+}
+
+/// Before a task of a product over `t` tokens runs one band, the band it runs next: for
+/// products that stream their weights once (decode, a few sequences), that band's first codes
+/// and scales into L2 ([`rows16::prefetch_band`]); else nothing.
+pub fn prefetch_next_band(w: &Packed, lo: usize, hi: usize, t: usize) {
+    if t <= 8 && BAND_PREFETCH.on() {
+        rows16::prefetch_band(w, lo, hi);
+    }
+}
+
 /// [`gemm_rows`] into any [`OutMat`] layout.
 ///
 /// # Safety

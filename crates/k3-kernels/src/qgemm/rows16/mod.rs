@@ -361,6 +361,46 @@ unsafe fn gemm_tokens<const VNNI: bool>(
     });
 }
 
+/// Start the one-token product of rows lo..hi on its way into L2 before it runs: the first
+/// [`LEAD_BYTES`] of codes of each stream [`gemm_tokens`] will walk, and the first line of
+/// their scales (and mins). A task of a decode job runs several bands one after another (a
+/// layer's q, k, v, ... in turn; a mixture's experts), and each band's streams otherwise start
+/// cold: the kernel's own prefetches run ahead of a stream only once it has begun.
+pub fn prefetch_band(w: &Packed, lo: usize, hi: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+        if w.layout != Layout::Rows16 || lo >= hi || hi > w.rows {
+            return;
+        }
+        let groups = (hi - lo).div_ceil(ROWS);
+        let run = if groups >= STREAMS { groups / STREAMS } else { groups };
+        let (n, gb) = (w.nbp, group_block(w.kind));
+        let lead = LEAD_BYTES.min(run * n * gb);
+        for k in 0..STREAMS.min(groups) {
+            let g = lo / ROWS + k * run;
+            let q = w.qs.as_ptr().wrapping_add(g * n * gb);
+            // SAFETY: none needed: a prefetch never faults (addresses past the band are harmless).
+            unsafe {
+                for off in (0..lead).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T1>(q.wrapping_add(off) as *const i8);
+                }
+                _mm_prefetch::<_MM_HINT_T1>(w.d.as_ptr().wrapping_add(g * n * ROWS) as *const i8);
+                if w.kind.has_m() {
+                    let m = w.m.as_ptr().wrapping_add(g * w.kind.m_per_row(n) * ROWS);
+                    _mm_prefetch::<_MM_HINT_T1>(m as *const i8);
+                }
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (w, lo, hi);
+}
+
+/// Bytes of each stream's codes [`prefetch_band`] asks for.
+#[cfg(target_arch = "x86_64")]
+const LEAD_BYTES: usize = 16 * GROUP_BLOCK;
+
 /// Row groups a one-token product walks at once on AVX-512 ([`gemm_tokens`]). A core reading
 /// one stream left memory idle between its prefetches: on the Sapphire Rapids class host of
 /// 2026-12-03 (huge pages on), 165 MiB of Q4_0 in one matvec against a read of the same bytes,
