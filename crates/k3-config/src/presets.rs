@@ -28,7 +28,7 @@ pub const PRESETS: &[(&str, &str, &str)] = &[
     (
         "bench-moe",
         "Kimi-Linear",
-        "bench-370m with Kimi-Linear's MoE after its first layer: 64 experts of 256, top 8 + 1 shared; ~1.3B params, ~0.33B active",
+        "bench-370m with Kimi-Linear's MoE after its first layer: 64 experts of 256, top 8 + 1 shared: ~1.36B params, ~345M active",
     ),
     (
         "3b",

@@ -105,7 +105,7 @@ fn every_case_matches_transformers() {
 
 #[test]
 fn write_then_read_is_identity_and_transformers_compatible() {
-    for name in ["tiny", "tiny-k3", "tiny-kda", "small", "3b", "tiny-llama"] {
+    for name in ["tiny", "tiny-k3", "tiny-kda", "small", "bench-370m", "bench-moe", "3b", "tiny-llama"] {
         let cfg = k3_config::presets::preset(name, None).expect("preset");
         let text = hf::to_json_string(&cfg);
         let back = hf::parse_config(&text).expect("re-parse");

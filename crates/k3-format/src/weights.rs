@@ -283,5 +283,9 @@ mod tests {
         let p = param_counts(&cfg);
         // 7 MoE layers, 8 experts of 3·128·96 each, top-2 active.
         assert_eq!(p.total - p.active, 7 * 6 * 3 * 128 * 96);
+        // bench-moe: 23 MoE layers of 64 experts of 3·256·1024, top-8 active, on the 370M's rest.
+        let moe = param_counts(&ModelConfig::Kimi(presets::bench_moe()));
+        assert_eq!(moe.total - moe.active, 23 * 56 * 3 * 256 * 1024);
+        assert!((1_350_000_000..1_365_000_000).contains(&moe.total), "bench-moe {}", moe.total);
     }
 }

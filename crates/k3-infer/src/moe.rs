@@ -127,7 +127,7 @@ impl Moe {
     /// Each expert runs once over all the tokens that chose it (prefill: one product of T_e
     /// rows instead of T_e one-row products). On the integer kernels the products of every
     /// selected expert go to the pool together: all gates and ups (and the shared experts', on
-    /// the same input) in one job per row count T_e, then all downs; a decoded token is two
+    /// x) in one job per row count T_e, then all downs; a decoded token is two
     /// jobs, not two per expert. Each token sums its experts' outputs in its selection order.
     ///
     /// # Shapes
@@ -157,9 +157,7 @@ impl Moe {
                     .collect()
             })
             .collect();
-        // The shared experts read x, which is the routed experts' input too without a latent.
-        let fold = self.latent.is_none() && self.shared.is_some();
-        let out = match self.experts_packed(&z, t, &tokens, fold, cx) {
+        let out = match self.experts_packed(&z, t, &tokens, x, cx) {
             Some(out) => out,
             None => self.experts_each(&z, t, &tokens, cx),
         };
@@ -224,17 +222,10 @@ impl Moe {
     /// [`Self::experts_each`] on the integer kernels, every expert's products in the same pool
     /// jobs: z quantized once and each expert handed its tokens' rows ([`QActs::select_rows`]);
     /// all gates and ups ([`packed_products_each`]: one job per row count), the GLU over all
-    /// of their rows, one quantization of the result, all downs. With `fold`, the shared
-    /// experts (whose input, without a latent, is z) ride along in both jobs. `None` when a
-    /// matrix is not packed, in the exact mode, or while calibration records inputs.
-    fn experts_packed(
-        &self,
-        z: &[f32],
-        t: usize,
-        tokens: &[Vec<usize>],
-        fold: bool,
-        cx: Compute,
-    ) -> Option<ExpertsOut> {
+    /// of their rows, one quantization of the result, all downs. The shared experts ride along
+    /// in both jobs on x (z itself without a latent). `None` when a matrix is not packed, in the
+    /// exact mode, or while calibration records inputs.
+    fn experts_packed(&self, z: &[f32], t: usize, tokens: &[Vec<usize>], x: &[f32], cx: Compute) -> Option<ExpertsOut> {
         fn packed(m: &Matrix, exact: bool) -> Option<&Packed> {
             if exact {
                 None
@@ -250,9 +241,9 @@ impl Moe {
                 Some([packed(&x.gate, cx.exact)?, packed(&x.up, cx.exact)?, packed(&x.down, cx.exact)?])
             })
             .collect::<Option<_>>()?;
-        let shared = match (&self.shared, fold) {
-            (Some(s), true) => Some([packed(&s.gate, cx.exact)?, packed(&s.up, cx.exact)?, packed(&s.down, cx.exact)?]),
-            _ => None,
+        let shared = match &self.shared {
+            Some(s) => Some([packed(&s.gate, cx.exact)?, packed(&s.up, cx.exact)?, packed(&s.down, cx.exact)?]),
+            None => None,
         };
         if crate::calib::recording() {
             return None;
@@ -269,6 +260,10 @@ impl Moe {
         // they are.
         let sel: Vec<Option<QActs>> =
             active.iter().map(|&ex| (tokens[ex].len() < t).then(|| az.select_rows(&tokens[ex]))).collect();
+        // The shared experts' input: x, which is z without a latent.
+        let ax =
+            (shared.is_some() && self.latent.is_some()).then(|| QActs::quantize_threads(x, t, x.len() / t, threads));
+        let ax = ax.as_ref().unwrap_or(&az);
         let fs = shared.map_or(0, |s| s[0].rows);
         let (mut g, mut u, mut gs, mut us) =
             (vec![0f32; p * f], vec![0f32; p * f], vec![0f32; t * fs], vec![0f32; t * fs]);
@@ -286,8 +281,8 @@ impl Moe {
                 jobs.push((w[1], a, ue));
             }
             if let Some(s) = shared {
-                jobs.push((s[0], &az, gs.as_mut_slice()));
-                jobs.push((s[1], &az, us.as_mut_slice()));
+                jobs.push((s[0], ax, gs.as_mut_slice()));
+                jobs.push((s[1], ax, us.as_mut_slice()));
             }
             packed_products_each(&mut jobs, threads);
         }
