@@ -602,6 +602,12 @@ mod tests {
         }
     }
 
+    /// A rows × cols matrix of `ty` from normal weights (σ 0.5).
+    fn random_matrix(rng: &mut Rng, rows: usize, cols: usize, ty: GgmlType) -> Matrix {
+        let w = rng.normals(rows * cols, 0.5);
+        Matrix::new(rows, cols, ty, w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect())
+    }
+
     #[test]
     fn apply_many_equals_one_product_at_a_time() {
         // One quantized input and one pool job for all: every matrix's output must be exactly
@@ -609,10 +615,7 @@ mod tests {
         // with a non-integer matrix in the group (which falls back to one at a time).
         let mut rng = Rng::new(5);
         let cols = 256;
-        let mk = |rng: &mut Rng, rows: usize, ty: GgmlType| {
-            let w = rng.normals(rows * cols, 0.5);
-            Matrix::new(rows, cols, ty, w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect())
-        };
+        let mk = |rng: &mut Rng, rows: usize, ty: GgmlType| random_matrix(rng, rows, cols, ty);
         let ms =
             [mk(&mut rng, 300, GgmlType::Q4_0), mk(&mut rng, 8, GgmlType::Q8_0), mk(&mut rng, 130, GgmlType::Q4_1)];
         let f16 = mk(&mut rng, 20, GgmlType::F16);
@@ -637,10 +640,7 @@ mod tests {
         // two matrices: every output exactly its own product's, at every thread count.
         let mut rng = Rng::new(7);
         let cols = 256;
-        let mk = |rng: &mut Rng, rows: usize, ty: GgmlType| {
-            let w = rng.normals(rows * cols, 0.5);
-            Matrix::new(rows, cols, ty, w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect())
-        };
+        let mk = |rng: &mut Rng, rows: usize, ty: GgmlType| random_matrix(rng, rows, cols, ty);
         let ms = [
             mk(&mut rng, 64, GgmlType::Q4_0),
             mk(&mut rng, 48, GgmlType::Q8_0),

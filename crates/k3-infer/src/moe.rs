@@ -134,12 +134,7 @@ impl Moe {
     /// x: [T, C] → [T, C]
     pub fn forward(&self, x: &[f32], t: usize, cx: Compute) -> Vec<f32> {
         let c = x.len() / t;
-        let mut logits = self.router.apply(x, t, cx); // [T, E]
-        logits.iter_mut().for_each(|v| *v = ops::sigmoid(*v));
-        let z = match &self.latent {
-            Some((down, _, _)) => down.apply(x, t, cx),
-            None => x.to_vec(),
-        };
+        let (logits, z) = self.route_inputs(x, t, cx);
         let width = z.len() / t;
         let e = self.experts.len();
         let picks: Vec<Vec<(usize, f32)>> = (0..t).map(|r| self.select(&logits[r * e..(r + 1) * e])).collect();
@@ -176,16 +171,7 @@ impl Moe {
         if let Some(tap) = &self.tap {
             tap.record(self.layer, t, &logits, &routes);
         }
-        let mut y = match &self.latent {
-            Some((_, up, norm)) => {
-                if let Some(nw) = norm {
-                    let src = acc.clone();
-                    ops::rmsnorm(&mut acc, &src, nw, self.eps);
-                }
-                up.apply(&acc, t, cx)
-            }
-            None => acc,
-        };
+        let mut y = self.latent_out(acc, t, cx);
         let shared = match (out.shared, &self.shared) {
             (Some(sh), _) => Some(sh),
             (None, Some(s)) => Some(s.forward(x, t, cx)),
@@ -196,6 +182,33 @@ impl Moe {
         }
         debug_assert_eq!(y.len(), t * c);
         y
+    }
+
+    /// The router's sigmoid scores [T, E] and the routed experts' input z: x, or its latent
+    /// down-projection [T, Lt].
+    fn route_inputs(&self, x: &[f32], t: usize, cx: Compute) -> (Vec<f32>, Vec<f32>) {
+        let mut logits = self.router.apply(x, t, cx); // [T, E]
+        logits.iter_mut().for_each(|v| *v = ops::sigmoid(*v));
+        let z = match &self.latent {
+            Some((down, _, _)) => down.apply(x, t, cx),
+            None => x.to_vec(),
+        };
+        (logits, z)
+    }
+
+    /// The weighted sum of the routed experts' outputs [T, width] back at width C: through the
+    /// latent's norm and up-projection, or as it is.
+    fn latent_out(&self, mut acc: Vec<f32>, t: usize, cx: Compute) -> Vec<f32> {
+        match &self.latent {
+            Some((_, up, norm)) => {
+                if let Some(nw) = norm {
+                    let src = acc.clone();
+                    ops::rmsnorm(&mut acc, &src, nw, self.eps);
+                }
+                up.apply(&acc, t, cx)
+            }
+            None => acc,
+        }
     }
 
     /// The selected experts one after another, each over its tokens' rows of z (any matrix
@@ -361,12 +374,7 @@ mod tests {
     /// The reference: one token at a time, each selected expert its own products, the shared
     /// experts on their own (the form `forward` had before experts were grouped).
     fn forward_per_token(m: &Moe, x: &[f32], t: usize, cx: Compute) -> Vec<f32> {
-        let mut logits = m.router.apply(x, t, cx);
-        logits.iter_mut().for_each(|v| *v = ops::sigmoid(*v));
-        let z = match &m.latent {
-            Some((down, _, _)) => down.apply(x, t, cx),
-            None => x.to_vec(),
-        };
+        let (logits, z) = m.route_inputs(x, t, cx);
         let (width, e) = (z.len() / t, m.experts.len());
         let mut acc = vec![0f32; t * width];
         for r in 0..t {
@@ -379,16 +387,7 @@ mod tests {
                 ops::axpy(&mut acc[r * width..(r + 1) * width], wv, &expert.down.apply(&g, 1, cx));
             }
         }
-        let mut y = match &m.latent {
-            Some((_, up, norm)) => {
-                if let Some(nw) = norm {
-                    let src = acc.clone();
-                    ops::rmsnorm(&mut acc, &src, nw, m.eps);
-                }
-                up.apply(&acc, t, cx)
-            }
-            None => acc,
-        };
+        let mut y = m.latent_out(acc, t, cx);
         if let Some(s) = &m.shared {
             ops::axpy(&mut y, 1.0, &s.forward(x, t, cx));
         }
