@@ -127,8 +127,8 @@ impl Moe {
     /// Each expert runs once over all the tokens that chose it (prefill: one product of T_e
     /// rows instead of T_e one-row products). On the integer kernels the products of every
     /// selected expert go to the pool together: all gates and ups (and the shared experts', on
-    /// x) in one job per row count T_e, then all downs; a decoded token is two
-    /// jobs, not two per expert. Each token sums its experts' outputs in its selection order.
+    /// x) in one job per row count T_e, then all downs; a decoded token is two jobs, not two
+    /// per expert. Each token sums its experts' outputs in its selection order.
     ///
     /// # Shapes
     /// x: [T, C] → [T, C]
