@@ -49,11 +49,11 @@ fn main() {
                 jobs.push((packed(m), &ax, out));
             }
             packed_products_each(&mut jobs, threads);
-            let ah: Vec<QActs> = (0..k).map(|_| QActs::quantize(&h, 1, f)).collect();
+            let ah = QActs::quantize(&h, 1, f);
             let mut y = vec![0f32; k * c];
             let mut jobs: Vec<(&Packed, &QActs, &mut [f32])> = Vec::new();
-            for ((ex, a), out) in pick.iter().zip(&ah).zip(y.chunks_mut(c)) {
-                jobs.push((packed(&ex[2]), a, out));
+            for (ex, out) in pick.iter().zip(y.chunks_mut(c)) {
+                jobs.push((packed(&ex[2]), &ah, out));
             }
             packed_products_each(&mut jobs, threads);
             std::hint::black_box((&gu, &y));
@@ -65,7 +65,8 @@ fn main() {
     let buf = k3_infer::hugepages::counting_words(n);
     // A buffer as large as every expert, read before each timed pass, so neither finds the
     // other's bytes in the last-level cache.
-    let other = k3_infer::hugepages::counting_words(layers * e * 3 * f * c * 9 / 16 / 8);
+    let all_bytes: usize = experts.iter().flatten().flatten().map(Matrix::nbytes).sum();
+    let other = k3_infer::hugepages::counting_words(all_bytes / 8);
     let read_pass = || {
         let t0 = Instant::now();
         std::hint::black_box(k3_infer::threads::par_chunks(n, threads, |lo, hi| {

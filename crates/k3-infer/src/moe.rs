@@ -261,11 +261,8 @@ impl Moe {
         if crate::calib::recording() {
             return None;
         }
-        let (width, threads) = (z.len() / t, cx.threads);
-        let f = ws.first().map_or(0, |w| w[0].rows);
-        if ws.iter().any(|w| w[0].rows != f || w[1].rows != f || w[2].cols != f) {
-            return None;
-        }
+        // Every expert is F_e wide (Moe::load checks each matrix's shape).
+        let (width, threads, f) = (z.len() / t, cx.threads, self.cfg.intermediate_size);
         let start = starts(tokens);
         let p = start[tokens.len()];
         let az = QActs::quantize_threads(z, t, width, threads);

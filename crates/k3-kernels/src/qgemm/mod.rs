@@ -556,8 +556,8 @@ pub fn set_band_prefetch(on: bool) {
 /// products that stream their weights once (decode, a few sequences), that band's first codes
 /// and scales into L2 ([`rows16::prefetch_band`]); else nothing.
 pub fn prefetch_next_band(w: &Packed, lo: usize, hi: usize, t: usize) {
-    if t <= 8 && BAND_PREFETCH.on() {
-        rows16::prefetch_band(w, lo, hi);
+    if BAND_PREFETCH.on() {
+        rows16::prefetch_band(w, lo, hi, t);
     }
 }
 

@@ -361,16 +361,17 @@ unsafe fn gemm_tokens<const VNNI: bool>(
     });
 }
 
-/// Start the one-token product of rows lo..hi on its way into L2 before it runs: the first
+/// Start a product of rows lo..hi over `t` tokens on its way into L2 before it runs, when it
+/// streams its weights once ([`FAR_MAX_TOKENS`]; else nothing): the first
 /// [`LEAD_BYTES`] of codes of each stream [`gemm_tokens`] will walk, and the first line of
 /// their scales (and mins). A task of a decode job runs several bands one after another (a
 /// layer's q, k, v, ... in turn; a mixture's experts), and each band's streams otherwise start
 /// cold: the kernel's own prefetches run ahead of a stream only once it has begun.
-pub fn prefetch_band(w: &Packed, lo: usize, hi: usize) {
+pub fn prefetch_band(w: &Packed, lo: usize, hi: usize, t: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-        if w.layout != Layout::Rows16 || lo >= hi || hi > w.rows {
+        if t > FAR_MAX_TOKENS || w.layout != Layout::Rows16 || lo >= hi || hi > w.rows {
             return;
         }
         let groups = (hi - lo).div_ceil(ROWS);
@@ -394,7 +395,7 @@ pub fn prefetch_band(w: &Packed, lo: usize, hi: usize) {
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (w, lo, hi);
+    let _ = (w, lo, hi, t);
 }
 
 /// Bytes of each stream's codes [`prefetch_band`] asks for.
