@@ -1,15 +1,17 @@
-//! In-process A/B of decode variants: one model, one sequence, decoded in blocks of BLOCK
-//! tokens with the variant switched between blocks and the order rotated every round, so that
-//! the host's drift (minutes long here) hits every variant alike. A variant is `C`, `CL`, `CLS`
-//! or `CLSP`: C the allocator's per-thread cache (`k3_infer::alloc`), L the lean hand-off of
-//! two-task jobs (`k3_kernels::threads::set_lean_pairs`), S each job site's own balance, P each
-//! decode task's next band prefetched (`k3_kernels::qgemm::set_band_prefetch`), each 0 (off) or
-//! 1 (on); L, S and P on when not given. An experiment that switches something else at run time
+//! In-process A/B of decode variants: one model, one sequence (first prefilled with CONTEXT
+//! tokens, default none), decoded in blocks of BLOCK tokens with the variant switched between
+//! blocks and the order rotated every round, so that the host's drift (minutes long here) hits
+//! every variant alike. A variant is `C`, `CL`, `CLS`, `CLSP` or `CLSPK`: C the allocator's
+//! per-thread cache (`k3_infer::alloc`), L the lean hand-off of two-task jobs
+//! (`k3_kernels::threads::set_lean_pairs`), S each job site's own balance, P each decode task's
+//! next band prefetched (`k3_kernels::qgemm::set_band_prefetch`), K the attention score tiles'
+//! key prefetch (`k3_kernels::simd_keys::set_key_prefetch`), each 0 (off) or 1 (on); L, S, P
+//! and K on when not given. An experiment that switches something else at run time
 //! adds its own variants
 //! (scripts/experiments/decode-barriers has patches that did). Prints each variant's median
 //! block speed and its median per-round speed ratio to the first.
 //!
-//!   cargo run --release -p k3-infer --example decode_ab MODEL [THREADS] [BLOCK] [ROUNDS] [VARIANTS]
+//!   cargo run --release -p k3-infer --example decode_ab MODEL [THREADS] [BLOCK] [ROUNDS] [VARIANTS] [CONTEXT]
 //!
 //! VARIANTS: comma-separated, the first the baseline (default `0,1`; `10,11` for the hand-off).
 use std::path::PathBuf;
@@ -25,15 +27,15 @@ fn main() {
     k3_infer::keep_freed_buffers();
     let mut args = std::env::args().skip(1);
     let Some(path) = args.next().map(PathBuf::from) else {
-        eprintln!("usage: decode_ab MODEL [THREADS] [BLOCK] [ROUNDS] [VARIANTS]");
+        eprintln!("usage: decode_ab MODEL [THREADS] [BLOCK] [ROUNDS] [VARIANTS] [CONTEXT]");
         std::process::exit(2);
     };
     let mut num = |d: usize| args.next().and_then(|s| s.parse().ok()).unwrap_or(d);
     let (threads, block, rounds) = (num(2), num(16), num(30));
     let modes: Vec<String> =
         std::env::args().nth(5).unwrap_or_else(|| "0,1".into()).split(',').map(str::to_string).collect();
-    if let Some(bad) = modes.iter().find(|m| m.is_empty() || m.len() > 4 || m.chars().any(|c| c != '0' && c != '1')) {
-        eprintln!("decode_ab: unknown variant {bad:?} (C, CL, CLS or CLSP: C the allocator's cache, L the lean pair hand-off, S each job site's own balance, P each decode task's next band prefetched; 0 off, 1 on)");
+    if let Some(bad) = modes.iter().find(|m| m.is_empty() || m.len() > 5 || m.chars().any(|c| c != '0' && c != '1')) {
+        eprintln!("decode_ab: unknown variant {bad:?} (C, CL, CLS, CLSP or CLSPK: C the allocator's cache, L the lean pair hand-off, S each job site's own balance, P each decode task's next band prefetched, K the score tiles' key prefetch; 0 off, 1 on)");
         std::process::exit(2);
     }
     let (mut model, _) = Model::load(&path).unwrap_or_else(|e| {
@@ -41,9 +43,14 @@ fn main() {
         std::process::exit(1)
     });
     model.compute = Compute { threads, exact: false };
-    let ids = k3_infer::bench_ids(1 + (rounds + 1) * modes.len() * block, model.vocab_size());
+    let context: usize = std::env::args().nth(6).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let ids = k3_infer::bench_ids(context + 1 + (rounds + 1) * modes.len() * block, model.vocab_size());
     let mut st = model.new_state();
     let mut next = ids.iter().copied();
+    if context > 0 {
+        let prompt: Vec<u32> = next.by_ref().take(context).collect();
+        model.forward(&prompt, &mut st, Logits::Last).expect("prefill");
+    }
     let mut step = |n: usize| {
         let t0 = Instant::now();
         for _ in 0..n {
@@ -62,6 +69,7 @@ fn main() {
             k3_kernels::threads::set_lean_pairs(on(1));
             k3_kernels::threads::set_site_balance(on(2));
             k3_kernels::qgemm::set_band_prefetch(on(3));
+            k3_kernels::simd_keys::set_key_prefetch(on(4));
             let s = step(block);
             if r > 0 {
                 secs[v].push(s);

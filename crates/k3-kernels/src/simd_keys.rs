@@ -59,12 +59,14 @@ pub unsafe fn nt_few_rows<const R: usize, const F16: bool>(ops: Keys, n: usize) 
 #[inline(always)]
 unsafe fn keys8<const R: usize, const F16: bool, const N: usize>(at: Keys) {
     let Keys { pc, ldc, pa, lda, pb, ldb, k } = at;
+    let pf = KEY_PREFETCH.on();
     let mut acc = [[_mm512_setzero_ps(); 8]; R];
     let mut kk = 0;
     while kk < k {
         let mk = ((1u32 << (k - kk).min(16)) - 1) as __mmask16;
         let av: [__m512; R] = std::array::from_fn(|r| _mm512_maskz_loadu_ps(mk, pa.add(r * lda + kk)));
         for q in 0..N {
+            prefetch_key::<F16>(pf, pb, (q + AHEAD_KEYS) * ldb + kk, kk);
             let bv = crate::simd::x86::load_b::<F16>(pb, q * ldb + kk, mk);
             for r in 0..R {
                 acc[r][q] = _mm512_fmadd_ps(av[r], bv, acc[r][q]);
@@ -77,6 +79,36 @@ unsafe fn keys8<const R: usize, const F16: bool, const N: usize>(at: Keys) {
         let p = pc.add(r * ldc);
         let sums = sum8(acc);
         _mm256_mask_storeu_ps(p, store, _mm256_add_ps(_mm256_maskz_loadu_ps(store, p), sums));
+    }
+}
+
+/// Keys ahead of the ones being multiplied whose rows the tiles prefetch into L1. A decode
+/// step's keys (an MLA layer's latent cache, a GQA layer's keys) come from L3 or memory: the
+/// weights read since the layer last ran have evicted them. With only the cores' own
+/// prefetchers the tiles waited on each new key row (perf put most of the scores' samples on
+/// the key loads). `examples/mla_attend_speed 1 cold`, f16 cache (Zen 4, twenty-seventh
+/// session, alternating runs): 512 keys 0.095 → 0.070 ms, 4096 0.716 → 0.515, 32768
+/// 5.6–5.8 → 4.1 (the block form's whole step, values included); 4, 16 and 32 keys ahead
+/// measured the same as 8, and a second prefetch into L2 further ahead gained nothing on f16.
+#[cfg(target_arch = "x86_64")]
+const AHEAD_KEYS: usize = 8;
+
+/// Whether the score tiles prefetch their keys ([`AHEAD_KEYS`]); `K3MINI_KEY_PREFETCH=0` turns
+/// it off.
+static KEY_PREFETCH: crate::threads::Switch = crate::threads::Switch::new("K3MINI_KEY_PREFETCH", "0");
+
+/// Set [`KEY_PREFETCH`] for the rest of the process (in-process A/B measurements).
+pub fn set_key_prefetch(on: bool) {
+    KEY_PREFETCH.set(on);
+}
+
+/// When `on`, the line of B holding element `idx` on its way into L1, once per 64 bytes a row
+/// walks (an f16 row's 16-value step `kk` is 32 bytes, so every other step).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn prefetch_key<const F16: bool>(on: bool, pb: *const u8, idx: usize, kk: usize) {
+    if on && (!F16 || kk % 32 == 0) {
+        _mm_prefetch::<_MM_HINT_T0>(pb.wrapping_add(if F16 { 2 * idx } else { 4 * idx }) as *const i8);
     }
 }
 
@@ -180,6 +212,7 @@ unsafe fn nt_panel512<const F16: bool>(
     n: usize,
 ) {
     let (pc, pa) = (c.as_mut_ptr(), a.as_ptr());
+    let pf = KEY_PREFETCH.on();
     let mut i0 = 0;
     while i0 < m {
         let rows = (m - i0).min(8);
@@ -193,8 +226,10 @@ unsafe fn nt_panel512<const F16: bool>(
                     while kk < k {
                         let left = (k - kk).min(16);
                         let mk: __mmask16 = ((1u32 << left) - 1) as u16;
-                        let bv: [__m512; $c] =
-                            std::array::from_fn(|q| crate::simd::x86::load_b::<F16>(pb, (j0 + q) * ldb + kk, mk));
+                        let bv: [__m512; $c] = std::array::from_fn(|q| {
+                            prefetch_key::<F16>(pf, pb, (j0 + q + AHEAD_KEYS) * ldb + kk, kk);
+                            crate::simd::x86::load_b::<F16>(pb, (j0 + q) * ldb + kk, mk)
+                        });
                         for r in 0..$r {
                             let av = _mm512_maskz_loadu_ps(mk, pa.add((i0 + r) * lda + kk));
                             for q in 0..$c {
