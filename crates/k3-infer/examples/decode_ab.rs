@@ -4,8 +4,8 @@
 //! every variant alike. A variant is `C`, `CL`, `CLS`, `CLSP` or `CLSPK`: C the allocator's
 //! per-thread cache (`k3_infer::alloc`), L the lean hand-off of two-task jobs
 //! (`k3_kernels::threads::set_lean_pairs`), S each job site's own balance, P each decode task's
-//! next band prefetched (`k3_kernels::qgemm::set_band_prefetch`), K the attention score tiles'
-//! key prefetch (`k3_kernels::simd_keys::set_key_prefetch`), each 0 (off) or 1 (on); L, S, P
+//! next band prefetched (`k3_kernels::qgemm::set_band_prefetch`), K the attention kernels'
+//! cache prefetches (`k3_kernels::simd_keys::set_cache_prefetch`), each 0 (off) or 1 (on); L, S, P
 //! and K on when not given. An experiment that switches something else at run time
 //! adds its own variants
 //! (scripts/experiments/decode-barriers has patches that did). Prints each variant's median
@@ -35,7 +35,7 @@ fn main() {
     let modes: Vec<String> =
         std::env::args().nth(5).unwrap_or_else(|| "0,1".into()).split(',').map(str::to_string).collect();
     if let Some(bad) = modes.iter().find(|m| m.is_empty() || m.len() > 5 || m.chars().any(|c| c != '0' && c != '1')) {
-        eprintln!("decode_ab: unknown variant {bad:?} (C, CL, CLS, CLSP or CLSPK: C the allocator's cache, L the lean pair hand-off, S each job site's own balance, P each decode task's next band prefetched, K the score tiles' key prefetch; 0 off, 1 on)");
+        eprintln!("decode_ab: unknown variant {bad:?} (C, CL, CLS, CLSP or CLSPK: C the allocator's cache, L the lean pair hand-off, S each job site's own balance, P each decode task's next band prefetched, K the attention's cache prefetches; 0 off, 1 on)");
         std::process::exit(2);
     }
     let (mut model, _) = Model::load(&path).unwrap_or_else(|e| {
@@ -69,7 +69,7 @@ fn main() {
             k3_kernels::threads::set_lean_pairs(on(1));
             k3_kernels::threads::set_site_balance(on(2));
             k3_kernels::qgemm::set_band_prefetch(on(3));
-            k3_kernels::simd_keys::set_key_prefetch(on(4));
+            k3_kernels::simd_keys::set_cache_prefetch(on(4));
             let s = step(block);
             if r > 0 {
                 secs[v].push(s);

@@ -59,7 +59,7 @@ pub unsafe fn nt_few_rows<const R: usize, const F16: bool>(ops: Keys, n: usize) 
 #[inline(always)]
 unsafe fn keys8<const R: usize, const F16: bool, const N: usize>(at: Keys) {
     let Keys { pc, ldc, pa, lda, pb, ldb, k } = at;
-    let pf = KEY_PREFETCH.on();
+    let pf = CACHE_PREFETCH.on();
     let mut acc = [[_mm512_setzero_ps(); 8]; R];
     let mut kk = 0;
     while kk < k {
@@ -93,13 +93,18 @@ unsafe fn keys8<const R: usize, const F16: bool, const N: usize>(at: Keys) {
 #[cfg(target_arch = "x86_64")]
 const AHEAD_KEYS: usize = 8;
 
-/// Whether the score tiles prefetch their keys ([`AHEAD_KEYS`]); `K3MINI_KEY_PREFETCH=0` turns
-/// it off.
-static KEY_PREFETCH: crate::threads::Switch = crate::threads::Switch::new("K3MINI_KEY_PREFETCH", "0");
+/// Whether the attention kernels prefetch a decode step's cache: the score tiles their keys
+/// ([`AHEAD_KEYS`]), GQA's runs the next run's keys and their values
+/// (`attention::split::gqa_decode_split`); `K3MINI_CACHE_PREFETCH=0` turns it off.
+static CACHE_PREFETCH: crate::threads::Switch = crate::threads::Switch::new("K3MINI_CACHE_PREFETCH", "0");
 
-/// Set [`KEY_PREFETCH`] for the rest of the process (in-process A/B measurements).
-pub fn set_key_prefetch(on: bool) {
-    KEY_PREFETCH.set(on);
+/// Set [`CACHE_PREFETCH`] for the rest of the process (in-process A/B measurements).
+pub fn set_cache_prefetch(on: bool) {
+    CACHE_PREFETCH.set(on);
+}
+
+pub(crate) fn cache_prefetch() -> bool {
+    CACHE_PREFETCH.on()
 }
 
 /// When `on`, the line of B holding element `idx` on its way into L1, once per 64 bytes a row
@@ -107,7 +112,7 @@ pub fn set_key_prefetch(on: bool) {
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn prefetch_key<const F16: bool>(on: bool, pb: *const u8, idx: usize, kk: usize) {
-    if on && (!F16 || kk % 32 == 0) {
+    if on && (!F16 || kk.is_multiple_of(32)) {
         _mm_prefetch::<_MM_HINT_T0>(pb.wrapping_add(if F16 { 2 * idx } else { 4 * idx }) as *const i8);
     }
 }
@@ -212,7 +217,7 @@ unsafe fn nt_panel512<const F16: bool>(
     n: usize,
 ) {
     let (pc, pa) = (c.as_mut_ptr(), a.as_ptr());
-    let pf = KEY_PREFETCH.on();
+    let pf = CACHE_PREFETCH.on();
     let mut i0 = 0;
     while i0 < m {
         let rows = (m - i0).min(8);

@@ -28,6 +28,14 @@ pub enum Rows<'a> {
 }
 
 impl Rows<'_> {
+    /// Values `at` on their way into L2 ([`crate::simd::prefetch_l2`]).
+    fn prefetch(&self, at: std::ops::Range<usize>) {
+        match self {
+            Rows::F32(v) => crate::simd::prefetch_l2(&v[at]),
+            Rows::F16(v) => crate::simd::prefetch_l2(&v[at]),
+        }
+    }
+
     /// Values held (rows × row width).
     pub fn len(&self) -> usize {
         match self {
