@@ -1,15 +1,15 @@
 //! In-process A/B of decode variants: one model, one sequence (first prefilled with CONTEXT
 //! tokens, default none), decoded in blocks of BLOCK tokens with the variant switched between
 //! blocks and the order rotated every round, so that the host's drift (minutes long here) hits
-//! every variant alike. A variant is `C`, `CL`, `CLS`, `CLSP` or `CLSPK`: C the allocator's
+//! every variant alike. A variant is `C`, `CL`, `CLS`, `CLSP`, `CLSPK` or `CLSPKH`: C the allocator's
 //! per-thread cache (`k3_infer::alloc`), L the lean hand-off of two-task jobs
 //! (`k3_kernels::threads::set_lean_pairs`), S each job site's own balance, P each decode task's
 //! next band prefetched (`k3_kernels::qgemm::set_band_prefetch`), K the attention kernels'
-//! cache prefetches (`k3_kernels::simd_keys::set_cache_prefetch`), each 0 (off) or 1 (on); L, S, P
-//! and K on when not given. An experiment that switches something else at run time
-//! adds its own variants
-//! (scripts/experiments/decode-barriers has patches that did). Prints each variant's median
-//! block speed and its median per-round speed ratio to the first.
+//! cache prefetches (`k3_kernels::simd_keys::set_cache_prefetch`), H the attention caches grown
+//! onto huge pages (`k3_infer::kv::set_kv_hugepages`), each 0 (off) or 1 (on); L, S, P, K and H
+//! on when not given. With variants that differ in H, two sequences are decoded, one whose
+//! caches grew on huge pages and one whose did not (each prefilled to CONTEXT), each variant
+//! advancing its own.
 //!
 //!   cargo run --release -p k3-infer --example decode_ab MODEL [THREADS] [BLOCK] [ROUNDS] [VARIANTS] [CONTEXT]
 //!
@@ -34,8 +34,8 @@ fn main() {
     let (threads, block, rounds) = (num(2), num(16), num(30));
     let modes: Vec<String> =
         std::env::args().nth(5).unwrap_or_else(|| "0,1".into()).split(',').map(str::to_string).collect();
-    if let Some(bad) = modes.iter().find(|m| m.is_empty() || m.len() > 5 || m.chars().any(|c| c != '0' && c != '1')) {
-        eprintln!("decode_ab: unknown variant {bad:?} (C, CL, CLS, CLSP or CLSPK: C the allocator's cache, L the lean pair hand-off, S each job site's own balance, P each decode task's next band prefetched, K the attention's cache prefetches; 0 off, 1 on)");
+    if let Some(bad) = modes.iter().find(|m| m.is_empty() || m.len() > 6 || m.chars().any(|c| c != '0' && c != '1')) {
+        eprintln!("decode_ab: unknown variant {bad:?} (C, CL, CLS, CLSP, CLSPK or CLSPKH: C the allocator's cache, L the lean pair hand-off, S each job site's own balance, P each decode task's next band prefetched, K the attention's cache prefetches, H the caches on huge pages; 0 off, 1 on)");
         std::process::exit(2);
     }
     let (mut model, _) = Model::load(&path).unwrap_or_else(|e| {
@@ -44,22 +44,25 @@ fn main() {
     });
     model.compute = Compute { threads, exact: false };
     let context: usize = std::env::args().nth(6).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let ids = k3_infer::bench_ids(context + 1 + (rounds + 1) * modes.len() * block, model.vocab_size());
-    let mut st = model.new_state();
+    let huge = |m: &str| m.as_bytes().get(5).is_none_or(|&c| c == b'1');
+    // Sequence 0 grows its caches on huge pages, sequence 1 (only when a variant asks) not.
+    let seqs = if modes.iter().any(|m| !huge(m)) { 2 } else { 1 };
+    let ids = k3_infer::bench_ids(seqs * (context + 1) + (rounds + 1) * modes.len() * block, model.vocab_size());
     let mut next = ids.iter().copied();
-    if context > 0 {
-        let prompt: Vec<u32> = next.by_ref().take(context).collect();
-        model.forward(&prompt, &mut st, Logits::Last).expect("prefill");
+    let mut states: Vec<_> = (0..seqs).map(|_| model.new_state()).collect();
+    for (i, st) in states.iter_mut().enumerate() {
+        k3_infer::kv::set_kv_hugepages(i == 0);
+        let prompt: Vec<u32> = next.by_ref().take(context + 1).collect();
+        model.forward(&prompt, st, Logits::Last).expect("prefill");
     }
-    let mut step = |n: usize| {
+    let mut step = |n: usize, st: usize| {
         let t0 = Instant::now();
         for _ in 0..n {
             let id = next.next().expect("enough ids");
-            model.forward(&[id], &mut st, Logits::Last).expect("decode step");
+            model.forward(&[id], &mut states[st], Logits::Last).expect("decode step");
         }
         t0.elapsed().as_secs_f64()
     };
-    step(1);
     let mut secs = vec![Vec::new(); modes.len()];
     for r in 0..=rounds {
         for k in 0..modes.len() {
@@ -70,7 +73,8 @@ fn main() {
             k3_kernels::threads::set_site_balance(on(2));
             k3_kernels::qgemm::set_band_prefetch(on(3));
             k3_kernels::simd_keys::set_cache_prefetch(on(4));
-            let s = step(block);
+            k3_infer::kv::set_kv_hugepages(on(5));
+            let s = step(block, usize::from(!on(5)));
             if r > 0 {
                 secs[v].push(s);
             }
