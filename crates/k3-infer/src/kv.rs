@@ -1,20 +1,20 @@
 //! Attention caches: rows held as f16 (llama.cpp's cache type) or f32 (the exact mode).
 
-use crate::hugepages::HUGE;
 use k3_kernels::attention;
+use k3_kernels::hugebuf::{Buf, Place, Plain, HUGE};
 
 /// One layer's cached rows (Llama's keys or values, MLA's latent rows): f16, llama.cpp's cache
 /// type and the default (a decode step streams half the bytes of f32), or f32 under the exact
 /// mode (transformers' numerics).
 #[derive(Debug, Clone)]
 pub enum KvRows {
-    F16(Vec<u16>),
-    F32(Vec<f32>),
+    F16(Held<u16>),
+    F32(Held<f32>),
 }
 
 impl Default for KvRows {
     fn default() -> Self {
-        KvRows::F16(Vec::new())
+        KvRows::F16(Held::default())
     }
 }
 
@@ -30,15 +30,23 @@ impl KvRows {
 
     pub fn bytes(&self) -> usize {
         match self {
-            KvRows::F16(v) => 2 * v.len(),
-            KvRows::F32(v) => 4 * v.len(),
+            KvRows::F16(v) => 2 * v.len,
+            KvRows::F32(v) => 4 * v.len,
         }
     }
 
     pub fn rows(&self) -> attention::Rows<'_> {
         match self {
-            KvRows::F16(v) => attention::Rows::F16(v),
-            KvRows::F32(v) => attention::Rows::F32(v),
+            KvRows::F16(v) => attention::Rows::F16(v.values()),
+            KvRows::F32(v) => attention::Rows::F32(v.values()),
+        }
+    }
+
+    /// Whether the rows are held on huge pages ([`Held`]; false where they are off or refused).
+    pub fn on_huge_pages(&self) -> bool {
+        match self {
+            KvRows::F16(v) => v.buf.is_huge(),
+            KvRows::F32(v) => v.buf.is_huge(),
         }
     }
 
@@ -46,63 +54,78 @@ impl KvRows {
     /// first: f16 → f32 exactly, f32 → f16 rounding as the f16 mode rounds everything it stores.
     pub fn push(&mut self, x: &[f32], f16: bool) {
         match (&mut *self, f16) {
-            (KvRows::F16(v), true) => {
-                grow(v, x.len());
-                let at = v.len();
-                v.resize(at + x.len(), 0);
-                k3_kernels::simd::f32_to_f16(&mut v[at..], x);
-            }
-            (KvRows::F32(v), false) => {
-                grow(v, x.len());
-                v.extend_from_slice(x)
-            }
+            (KvRows::F16(v), true) => k3_kernels::simd::f32_to_f16(v.append(x.len()), x),
+            (KvRows::F32(v), false) => v.append(x.len()).copy_from_slice(x),
             (KvRows::F16(v), false) => {
-                let mut wide = vec![0f32; v.len()];
-                k3_kernels::simd::f16_to_f32(&mut wide, v);
-                wide.extend_from_slice(x);
+                let mut wide = Held::default();
+                k3_kernels::simd::f16_to_f32(wide.append(v.len), v.values());
+                wide.append(x.len()).copy_from_slice(x);
                 *self = KvRows::F32(wide);
             }
             (KvRows::F32(v), true) => {
-                let mut narrow = vec![0u16; v.len() + x.len()];
-                k3_kernels::simd::f32_to_f16(&mut narrow[..v.len()], v);
-                k3_kernels::simd::f32_to_f16(&mut narrow[v.len()..], x);
+                let mut narrow = Held::default();
+                k3_kernels::simd::f32_to_f16(narrow.append(v.len), v.values());
+                k3_kernels::simd::f32_to_f16(narrow.append(x.len()), x);
                 *self = KvRows::F16(narrow);
             }
         }
     }
 }
 
-/// Bytes from which a cache grows onto huge pages ([`grow`]).
-const HUGE_FROM: usize = 2 * HUGE;
+/// A growing array of cached values: the first `len` of `buf`, the rest room to grow into.
+///
+/// A decode step streams each layer's cache once, and a cache on 4 KiB pages takes a TLB miss
+/// every 4 KiB with the hardware prefetchers stopping at each page; the allocator's large buffers
+/// are fresh mappings of 4 KiB pages (THP `madvise`), never advised. So a cache whose room grows
+/// to [`HUGE_FROM`] bytes or more moves to a mapping of its own (`hugebuf::Buf::mapped`: aligned
+/// to a huge page, whole huge pages, advised before anything is written), and from then on each
+/// growth to a larger one; smaller caches stay on the heap. Each growth doubles the room (or
+/// takes what is needed) and copies the values over.
+#[derive(Debug, Clone, Default)]
+pub struct Held<T: Plain> {
+    buf: Buf<T>,
+    len: usize,
+}
 
-/// Whether caches grow onto huge pages ([`grow`]; with huge pages on at all,
-/// `k3_kernels::hugebuf::enabled`); `K3MINI_KV_HUGEPAGES=0` keeps them on the allocator's pages.
+impl<T: Plain> Held<T> {
+    /// The values held.
+    pub fn values(&self) -> &[T] {
+        &self.buf[..self.len]
+    }
+
+    /// `n` more values (zeros until the caller writes them), as a slice to write.
+    fn append(&mut self, n: usize) -> &mut [T] {
+        let (at, need) = (self.len, self.len + n);
+        if need > self.buf.len() {
+            let size = size_of::<T>();
+            let room = need.max(2 * self.buf.len());
+            let mut buf = if room * size >= HUGE_FROM && KV_HUGEPAGES.on() {
+                // The whole huge pages the mapping holds are room too.
+                Buf::mapped(room.next_multiple_of(HUGE / size))
+            } else {
+                Buf::zeroed(room, Place::Heap)
+            };
+            buf[..at].copy_from_slice(self.values());
+            self.buf = buf;
+        }
+        self.len = need;
+        &mut self.buf[at..need]
+    }
+}
+
+/// Bytes of room from which a cache is held on huge pages ([`Held`]): half a huge page, so a
+/// cache on huge pages fills at least a quarter of them (its room is at least half full after a
+/// growth), and a model's caches take at most a huge page each more than on the heap.
+const HUGE_FROM: usize = HUGE / 2;
+
+/// Whether caches move onto huge pages ([`Held`]; only with huge pages on at all,
+/// `K3MINI_HUGEPAGES`); `K3MINI_KV_HUGEPAGES=0` keeps them on the heap.
 static KV_HUGEPAGES: k3_kernels::threads::Switch = k3_kernels::threads::Switch::new("K3MINI_KV_HUGEPAGES", "0");
 
 /// Set [`KV_HUGEPAGES`] for the rest of the process (in-process A/B measurements: it applies to
 /// the caches that grow from then on).
 pub fn set_kv_hugepages(on: bool) {
     KV_HUGEPAGES.set(on);
-}
-
-/// Room for `extra` more values in `v`. Once a cache passes [`HUGE_FROM`] bytes, each growth
-/// (to twice the capacity, or what is needed) goes to a fresh buffer, a huge page more than
-/// that (whole huge pages then hold all of it but at most a huge page at its ends), advised onto huge pages before
-/// anything is written to it ([`crate::hugepages::advise`]), and the rows are copied over. A
-/// decode step streams each layer's cache once: from a cache of 4 KiB pages it took a TLB miss
-/// every 4 KiB and the hardware prefetchers stopped at each page; the allocator's buffers are
-/// fresh mappings of 4 KiB pages (THP `madvise`), never advised.
-fn grow<T: Copy>(v: &mut Vec<T>, extra: usize) {
-    let need = v.len() + extra;
-    let size = std::mem::size_of::<T>();
-    if need <= v.capacity() || need * size < HUGE_FROM || !KV_HUGEPAGES.on() || !crate::hugepages::enabled() {
-        return;
-    }
-    let cap = need.max(2 * v.capacity()) + HUGE / size;
-    let mut w: Vec<T> = Vec::with_capacity(cap);
-    crate::hugepages::advise(w.as_ptr() as *const u8, cap * size, false);
-    w.extend_from_slice(v);
-    *v = w;
 }
 
 #[cfg(test)]
@@ -131,8 +154,8 @@ mod tests {
 
     #[test]
     fn caches_past_the_huge_page_threshold_keep_every_row() {
-        // Rows of 1024 values pushed past HUGE_FROM (4 MiB as f16, 8 MiB as f32), once moving to
-        // fresh huge-page-advised buffers and once growing as the allocator does: same rows.
+        // Rows of 1024 values pushed past twice HUGE_FROM, once moving onto huge pages and once
+        // staying on the heap: the same rows, and on huge pages where they are on.
         let row = |i: usize| -> Vec<f32> { (0..1024).map(|j| ((i * 7 + j) % 2048) as f32 - 1024.0).collect() };
         let rows = 2 * super::HUGE_FROM / (1024 * 2) + 3;
         let mut held = Vec::new();
@@ -148,6 +171,8 @@ mod tests {
             let want: Vec<f32> = (0..rows).flat_map(row).collect();
             assert_eq!(a.rows().to_f32().to_vec(), want, "f16 rows (all exact in f16), huge pages {huge}");
             assert_eq!(b.rows().to_f32().to_vec(), want, "f32 rows, huge pages {huge}");
+            let on = huge && cfg!(target_os = "linux") && k3_kernels::hugebuf::enabled();
+            assert_eq!((a.on_huge_pages(), b.on_huge_pages()), (on, on), "asked for huge pages: {huge}");
             held.push(a.rows().to_f32().to_vec());
         }
         super::set_kv_hugepages(true);

@@ -116,6 +116,7 @@ pub enum Place {
 pub trait Plain: Copy + Default + fmt::Debug + PartialEq + Send + Sync + 'static {}
 impl Plain for u8 {}
 impl Plain for u16 {}
+impl Plain for f32 {}
 
 /// Bytes of chunks mapped now, in the whole process ([`mapped_bytes`]).
 static MAPPED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -134,10 +135,10 @@ struct Chunk {
 
 impl Chunk {
     /// A mapping of `len` bytes (a multiple of [`HUGE`]) starting on a huge-page boundary and,
-    /// with [`Timing::AtLoad`], advised onto huge pages before any write; `None` when the system
-    /// refuses.
+    /// with `advise` (or [`Timing::AtLoad`]), advised onto huge pages before any write; `None`
+    /// when the system refuses.
     #[cfg(target_os = "linux")]
-    fn map(len: usize) -> Option<Chunk> {
+    fn map(len: usize, advise: bool) -> Option<Chunk> {
         debug_assert!(len.is_multiple_of(HUGE));
         let raw = sys::map_anonymous(len.checked_add(HUGE)?)?;
         let base = raw.next_multiple_of(HUGE);
@@ -151,7 +152,7 @@ impl Chunk {
             if raw + HUGE > base {
                 sys::munmap((base + len) as *mut _, raw + HUGE - base);
             }
-            if timing() == Timing::AtLoad {
+            if advise || timing() == Timing::AtLoad {
                 sys::madvise(base as *mut _, len, sys::MADV_HUGEPAGE);
             }
         }
@@ -160,7 +161,7 @@ impl Chunk {
     }
 
     #[cfg(not(target_os = "linux"))]
-    fn map(_len: usize) -> Option<Chunk> {
+    fn map(_len: usize, _advise: bool) -> Option<Chunk> {
         None
     }
 }
@@ -196,13 +197,13 @@ fn carve(bytes: usize) -> Option<(usize, Arc<Chunk>)> {
     }
     let bytes = bytes.checked_next_multiple_of(64)?;
     let (at, chunk) = if bytes > CHUNK / 2 {
-        let chunk = Arc::new(Chunk::map(bytes.checked_next_multiple_of(HUGE)?)?);
+        let chunk = Arc::new(Chunk::map(bytes.checked_next_multiple_of(HUGE)?, false)?);
         (chunk.base, chunk)
     } else {
         OPEN.with(|o| {
             let mut o = o.borrow_mut();
             if o.as_ref().is_none_or(|(c, used)| used + bytes > c.len) {
-                *o = Some((Arc::new(Chunk::map(CHUNK)?), 0));
+                *o = Some((Arc::new(Chunk::map(CHUNK, false)?), 0));
             }
             let (chunk, used) = o.as_mut()?;
             let at = chunk.base + *used;
@@ -258,6 +259,26 @@ impl<T: Plain> Buf<T> {
                 // SAFETY: `at` is a non-null address inside a live mapping, aligned for T.
                 let ptr = unsafe { NonNull::new_unchecked(at as *mut T) };
                 return Buf(Inner::Huge { ptr, len: n, _chunk: chunk });
+            }
+        }
+        Buf(Inner::Heap(vec![T::default(); n]))
+    }
+
+    /// `n` zeros in a mapping of their own, aligned to a huge page, rounded up to whole huge
+    /// pages (`n` is the length; the rounding is the caller's to use or not) and advised onto
+    /// huge pages before anything is written, whatever [`timing`] says unless huge pages are off:
+    /// for buffers written at run time, an attention cache that grows as a sequence does, where
+    /// no load waits on the huge pages' first faults. Dropping the buffer unmaps it. On the heap
+    /// where huge pages are off or the system refuses.
+    pub fn mapped(n: usize) -> Self {
+        let bytes = n.checked_mul(size_of::<T>()).expect("buffer size overflows usize");
+        if enabled() && bytes > 0 {
+            #[cfg(target_os = "linux")]
+            if let Some(chunk) = bytes.checked_next_multiple_of(HUGE).and_then(|len| Chunk::map(len, true)) {
+                // SAFETY: the chunk's base is a non-null address of a live mapping, aligned to
+                // HUGE (so for T), and its bytes ≥ n values of T.
+                let ptr = unsafe { NonNull::new_unchecked(chunk.base as *mut T) };
+                return Buf(Inner::Huge { ptr, len: n, _chunk: Arc::new(chunk) });
             }
         }
         Buf(Inner::Heap(vec![T::default(); n]))
@@ -366,5 +387,21 @@ mod tests {
     fn heap_buffers_are_zeroed() {
         let b: Buf<u16> = Buf::zeroed(33, Place::Heap);
         assert!(!b.is_huge() && b.len() == 33 && b.iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn mapped_buffers_are_zeroed_aligned_and_their_own() {
+        let mut bufs: Vec<Buf<f32>> = [3usize, HUGE / 4 + 1, 0].iter().map(|&n| Buf::mapped(n)).collect();
+        for (i, b) in bufs.iter_mut().enumerate() {
+            assert!(b.iter().all(|&x| x == 0.0), "buffer {i} not zeroed");
+            let huge = cfg!(target_os = "linux") && enabled() && !b.is_empty();
+            assert_eq!(b.is_huge(), huge, "buffer {i}'s place");
+            assert!(!huge || (b.as_ptr() as usize).is_multiple_of(HUGE), "buffer {i} not on a huge-page boundary");
+            b.iter_mut().enumerate().for_each(|(j, x)| *x = (i * 1000 + j) as f32);
+        }
+        let second = bufs.swap_remove(1);
+        drop(bufs);
+        assert!(second.iter().enumerate().all(|(j, &x)| x == (1000 + j) as f32));
+        assert_eq!(second.len(), HUGE / 4 + 1);
     }
 }
