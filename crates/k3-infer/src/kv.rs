@@ -1,7 +1,7 @@
 //! Attention caches: rows held as f16 (llama.cpp's cache type) or f32 (the exact mode).
 
 use k3_kernels::attention;
-use k3_kernels::hugebuf::{Buf, Place, Plain, HUGE};
+use k3_kernels::hugebuf::{Buf, Place, Plain, HUGE, PAGE};
 
 /// One layer's cached rows (Llama's keys or values, MLA's latent rows): f16, llama.cpp's cache
 /// type and the default (a decode step streams half the bytes of f32), or f32 under the exact
@@ -79,8 +79,9 @@ impl KvRows {
 /// are fresh mappings of 4 KiB pages (THP `madvise`), never advised. So a cache whose room grows
 /// to [`HUGE_FROM`] bytes or more moves to a mapping of its own (`hugebuf::Buf::mapped`: aligned
 /// to a huge page, whole huge pages, advised before anything is written), and from then on each
-/// growth to a larger one; smaller caches stay on the heap. Each growth doubles the room (or
-/// takes what is needed) and copies the values over.
+/// growth to a larger one; from [`MAP_FROM`] bytes a cache is in a mapping of its own on 4 KiB
+/// pages, and the smallest stay on the heap. Each growth doubles the room (or takes what is
+/// needed) and copies the values over.
 #[derive(Debug, Clone, Default)]
 pub struct Held<T: Plain> {
     buf: Buf<T>,
@@ -99,9 +100,12 @@ impl<T: Plain> Held<T> {
         if need > self.buf.len() {
             let size = size_of::<T>();
             let room = need.max(2 * self.buf.len());
-            let mut buf = if room * size >= HUGE_FROM && KV_HUGEPAGES.on() {
-                // The whole huge pages the mapping holds are room too.
-                Buf::mapped(room.next_multiple_of(HUGE / size))
+            let bytes = room * size;
+            let mut buf = if bytes >= MAP_FROM && KV_HUGEPAGES.on() {
+                // On huge pages, whose whole pages are room too; below, 4 KiB pages, so that
+                // the buffers this cache leaves behind go back to the system.
+                let huge = bytes >= HUGE_FROM;
+                Buf::mapped(room.next_multiple_of(if huge { HUGE } else { PAGE } / size), huge)
             } else {
                 Buf::zeroed(room, Place::Heap)
             };
@@ -117,6 +121,12 @@ impl<T: Plain> Held<T> {
 /// cache on huge pages fills at least a quarter of them (its room is at least half full after a
 /// growth), and a model's caches take at most a huge page each more than on the heap.
 const HUGE_FROM: usize = HUGE / 2;
+
+/// Bytes of room from which a cache is held in a mapping of its own ([`Held`]; on 4 KiB pages
+/// below [`HUGE_FROM`]): what a growing cache leaves behind goes back to the system. From the
+/// heap, the blocks a cache left as it grew stayed in the allocator's heap once the cache had
+/// moved onto huge pages (SmolLM2 at 4096 tokens: ~45 MiB more peak RSS).
+const MAP_FROM: usize = 64 << 10;
 
 /// Whether caches move onto huge pages ([`Held`]; only with huge pages on at all,
 /// `K3MINI_HUGEPAGES`); `K3MINI_KV_HUGEPAGES=0` keeps them on the heap.

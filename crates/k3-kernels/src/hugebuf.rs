@@ -32,6 +32,9 @@ use std::sync::Arc;
 /// Bytes of a huge page (x86-64, aarch64 with 4 KiB base pages).
 pub const HUGE: usize = 2 << 20;
 
+/// Bytes of a base page.
+pub const PAGE: usize = 4 << 10;
+
 /// Bytes of one chunk of huge buffers (a whole number of huge pages).
 pub const CHUNK: usize = 16 * HUGE;
 
@@ -121,8 +124,9 @@ impl Plain for f32 {}
 /// Bytes of chunks mapped now, in the whole process ([`mapped_bytes`]).
 static MAPPED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// Bytes of huge-page chunks this process has mapped now (address space; only the pages written
-/// are backed). Zero once every huge buffer is dropped and no thread holds an open chunk.
+/// Bytes of huge-page chunks and buffers mapped on their own ([`Buf::mapped`]) this process has
+/// now (address space; only the pages written are backed). Zero once every huge or mapped buffer
+/// is dropped and no thread holds an open chunk.
 pub fn mapped_bytes() -> usize {
     MAPPED.load(std::sync::atomic::Ordering::Relaxed)
 }
@@ -156,6 +160,16 @@ impl Chunk {
                 sys::madvise(base as *mut _, len, sys::MADV_HUGEPAGE);
             }
         }
+        MAPPED.fetch_add(len, std::sync::atomic::Ordering::Relaxed);
+        Some(Chunk { base, len })
+    }
+
+    /// A mapping of `len` bytes (a multiple of [`PAGE`]) on 4 KiB pages, never advised; `None`
+    /// when the system refuses.
+    #[cfg(target_os = "linux")]
+    fn map_pages(len: usize) -> Option<Chunk> {
+        debug_assert!(len.is_multiple_of(PAGE));
+        let base = sys::map_anonymous(len)?;
         MAPPED.fetch_add(len, std::sync::atomic::Ordering::Relaxed);
         Some(Chunk { base, len })
     }
@@ -221,7 +235,6 @@ fn carve(bytes: usize) -> Option<(usize, Arc<Chunk>)> {
 fn populate(at: usize, bytes: usize) {
     #[cfg(target_os = "linux")]
     if timing() == Timing::After {
-        const PAGE: usize = 4096;
         let lo = at / PAGE * PAGE;
         let hi = (at + bytes).next_multiple_of(PAGE);
         // SAFETY: [lo, hi) lies inside the chunk's live mapping (4 KiB-aligned, as the chunk is),
@@ -240,7 +253,18 @@ pub struct Buf<T: Plain>(Inner<T>);
 
 enum Inner<T: Plain> {
     Heap(Vec<T>),
-    Huge { ptr: NonNull<T>, len: usize, _chunk: Arc<Chunk> },
+    /// Carved from a chunk on huge pages, or a huge-page mapping of its own.
+    Huge {
+        ptr: NonNull<T>,
+        len: usize,
+        _chunk: Arc<Chunk>,
+    },
+    /// A mapping of its own on 4 KiB pages ([`Buf::mapped`]).
+    Own {
+        ptr: NonNull<T>,
+        len: usize,
+        _chunk: Arc<Chunk>,
+    },
 }
 
 // SAFETY: a huge buffer owns its slice of the chunk alone (carved once, never handed out twice),
@@ -264,21 +288,35 @@ impl<T: Plain> Buf<T> {
         Buf(Inner::Heap(vec![T::default(); n]))
     }
 
-    /// `n` zeros in a mapping of their own, aligned to a huge page, rounded up to whole huge
-    /// pages (`n` is the length; the rounding is the caller's to use or not) and advised onto
-    /// huge pages before anything is written, whatever [`timing`] says unless huge pages are off:
-    /// for buffers written at run time, an attention cache that grows as a sequence does, where
-    /// no load waits on the huge pages' first faults. Dropping the buffer unmaps it. On the heap
-    /// where huge pages are off or the system refuses.
-    pub fn mapped(n: usize) -> Self {
+    /// `n` zeros in a mapping of their own, unmapped when the buffer drops: for buffers that
+    /// grow at run time, an attention cache that grows as a sequence does, whose old buffers
+    /// should go back to the system (a large block freed to the allocator may stay in its heap).
+    /// With `huge`, the mapping is aligned to a huge page, rounded up to whole huge pages (`n` is
+    /// the length; the rounding is the caller's to use or not) and advised onto huge pages before
+    /// anything is written, whatever [`timing`] says unless huge pages are off (no load waits on
+    /// the huge pages' first faults here); without, it is 4 KiB pages, never advised. On the
+    /// heap where huge pages are off or the system refuses.
+    pub fn mapped(n: usize, huge: bool) -> Self {
         let bytes = n.checked_mul(size_of::<T>()).expect("buffer size overflows usize");
         if enabled() && bytes > 0 {
             #[cfg(target_os = "linux")]
-            if let Some(chunk) = bytes.checked_next_multiple_of(HUGE).and_then(|len| Chunk::map(len, true)) {
+            let chunk = if huge {
+                bytes.checked_next_multiple_of(HUGE).and_then(|len| Chunk::map(len, true))
+            } else {
+                bytes.checked_next_multiple_of(PAGE).and_then(Chunk::map_pages)
+            };
+            #[cfg(not(target_os = "linux"))]
+            let chunk: Option<Chunk> = None;
+            if let Some(chunk) = chunk {
                 // SAFETY: the chunk's base is a non-null address of a live mapping, aligned to
-                // HUGE (so for T), and its bytes ≥ n values of T.
+                // a page (so for T), and its bytes ≥ n values of T.
                 let ptr = unsafe { NonNull::new_unchecked(chunk.base as *mut T) };
-                return Buf(Inner::Huge { ptr, len: n, _chunk: Arc::new(chunk) });
+                let chunk = Arc::new(chunk);
+                return Buf(if huge {
+                    Inner::Huge { ptr, len: n, _chunk: chunk }
+                } else {
+                    Inner::Own { ptr, len: n, _chunk: chunk }
+                });
             }
         }
         Buf(Inner::Heap(vec![T::default(); n]))
@@ -303,7 +341,9 @@ impl<T: Plain> Deref for Buf<T> {
             Inner::Heap(v) => v,
             // SAFETY: ptr..ptr + len lies inside the chunk this buffer keeps mapped, zeroed by the
             // kernel (a valid T for `Plain` types) or written since through `&mut self`.
-            Inner::Huge { ptr, len, .. } => unsafe { std::slice::from_raw_parts(ptr.as_ptr(), *len) },
+            Inner::Huge { ptr, len, .. } | Inner::Own { ptr, len, .. } => unsafe {
+                std::slice::from_raw_parts(ptr.as_ptr(), *len)
+            },
         }
     }
 }
@@ -314,7 +354,9 @@ impl<T: Plain> DerefMut for Buf<T> {
             Inner::Heap(v) => v,
             // SAFETY: as in `deref`; `&mut self` makes the access unique (no other buffer
             // overlaps this one's bytes).
-            Inner::Huge { ptr, len, .. } => unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), *len) },
+            Inner::Huge { ptr, len, .. } | Inner::Own { ptr, len, .. } => unsafe {
+                std::slice::from_raw_parts_mut(ptr.as_ptr(), *len)
+            },
         }
     }
 }
@@ -391,12 +433,15 @@ mod tests {
 
     #[test]
     fn mapped_buffers_are_zeroed_aligned_and_their_own() {
-        let mut bufs: Vec<Buf<f32>> = [3usize, HUGE / 4 + 1, 0].iter().map(|&n| Buf::mapped(n)).collect();
+        let sizes = [(3usize, true), (HUGE / 4 + 1, true), (0, true), (5000, false)];
+        let mut bufs: Vec<Buf<f32>> = sizes.iter().map(|&(n, huge)| Buf::mapped(n, huge)).collect();
         for (i, b) in bufs.iter_mut().enumerate() {
             assert!(b.iter().all(|&x| x == 0.0), "buffer {i} not zeroed");
-            let huge = cfg!(target_os = "linux") && enabled() && !b.is_empty();
+            let mapped = cfg!(target_os = "linux") && enabled() && !b.is_empty();
+            let huge = mapped && sizes[i].1;
             assert_eq!(b.is_huge(), huge, "buffer {i}'s place");
             assert!(!huge || (b.as_ptr() as usize).is_multiple_of(HUGE), "buffer {i} not on a huge-page boundary");
+            assert!(!mapped || (b.as_ptr() as usize).is_multiple_of(PAGE), "buffer {i} not on a page boundary");
             b.iter_mut().enumerate().for_each(|(j, x)| *x = (i * 1000 + j) as f32);
         }
         let second = bufs.swap_remove(1);
