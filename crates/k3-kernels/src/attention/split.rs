@@ -16,8 +16,8 @@ pub(crate) const SPLIT_MIN: usize = 1024;
 /// from memory once.
 pub(crate) const TILE: usize = 256;
 
-/// Positions per run of [`gqa_decode_split`]'s products: every KV head's part of a run before
-/// the next run (the run's whole cache rows, 16 × 768 bytes at SmolLM2's shape in f16).
+/// Positions per run of [`gqa_decode_split`]'s scores: every KV head's part of a run before
+/// the next run (the run's whole key rows, 16 × 384 bytes at SmolLM2's shape in f16).
 const RUN: usize = 16;
 
 /// A share's scores against a tile of positions: adds `rows` rows of scores for the positions
@@ -131,13 +131,18 @@ pub(crate) fn gqa_decode_split(
         (vec![0f32; shares * hq], vec![0f32; shares * hq], vec![0f32; shares * hq * dv]);
     let (mx, sm, po) = (OutPtr(maxes.as_mut_ptr()), OutPtr(sums.as_mut_ptr()), OutPtr(partial.as_mut_ptr()));
     crate::threads::Pool::global().run(threads, shares, &|k| {
-        // Both products walk a tile in runs of RUN positions, every KV head's part of a run
-        // before the next run, so that the cache rows are read in order, whole (a pass a KV head
+        // The scores walk a tile in runs of RUN positions, every KV head's part of a run before
+        // the next run, so that the key rows come from memory in order, whole (a pass a KV head
         // over the tile read a third of every row at a stride). While a run's scores are taken,
-        // the next run's keys and this run's values are on their way into L2 (the values are
-        // read after the tile's softmax). SmolLM2 Q4_1 decode @4096 against a pass a KV head
-        // without the prefetches, in one process (`examples/decode_ab … 4096`, 30 rounds):
-        // 1.14× at 2 threads, 1.15× at 1; runs of 32 measured the same.
+        // the next run's keys and this run's values are on their way into L2. SmolLM2 Q4_1
+        // decode @4096 against a pass a KV head without the prefetches, in one process
+        // (`examples/decode_ab … 4096`, 30 rounds): 1.14× at 2 threads, 1.15× at 1; runs of 32
+        // measured the same. The values product, after the tile's softmax, finds the tile's
+        // value rows in L2 and takes each KV head over the whole tile in one product, its G × dv
+        // accumulators in registers throughout. Against the values in runs too (one product a
+        // run and KV head, reloading them every 16 positions), SmolLM2's decode @4096 ran 1.157×
+        // as fast at 2 threads and 1.185× at 1 in one process (30 rounds); the sums are the
+        // same, in the same order.
         let pf = crate::simd_keys::cache_prefetch();
         let scores = |block: &mut [f32], js: Range<usize>| {
             let n = js.len();
@@ -162,18 +167,12 @@ pub(crate) fn gqa_decode_split(
         };
         let values = |acc: &mut [f32], p: &[f32], js: Range<usize>| {
             let n = js.len();
-            for j0 in (0..n).step_by(RUN) {
-                let m = RUN.min(n - j0);
-                for kvh in 0..hkv {
-                    let (o, pk, first) = (
-                        &mut acc[kvh * g * dv..(kvh + 1) * g * dv],
-                        &p[kvh * g * n + j0..],
-                        ((js.start + j0) * hkv + kvh) * dv,
-                    );
-                    match vc {
-                        Rows::F32(c) => crate::simd::matmul_acc_strided(o, dv, pk, n, &c[first..], hkv * dv, g, m, dv),
-                        Rows::F16(c) => crate::simd::matmul_acc_strided(o, dv, pk, n, &c[first..], hkv * dv, g, m, dv),
-                    }
+            for kvh in 0..hkv {
+                let (o, pk, first) =
+                    (&mut acc[kvh * g * dv..(kvh + 1) * g * dv], &p[kvh * g * n..], (js.start * hkv + kvh) * dv);
+                match vc {
+                    Rows::F32(c) => crate::simd::matmul_acc_strided(o, dv, pk, n, &c[first..], hkv * dv, g, n, dv),
+                    Rows::F16(c) => crate::simd::matmul_acc_strided(o, dv, pk, n, &c[first..], hkv * dv, g, n, dv),
                 }
             }
         };
