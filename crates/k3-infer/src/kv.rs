@@ -82,10 +82,20 @@ impl KvRows {
 /// growth to a larger one; from [`MAP_FROM`] bytes a cache is in a mapping of its own on 4 KiB
 /// pages, and the smallest stay on the heap. Each growth doubles the room (or takes what is
 /// needed) and copies the values over.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub struct Held<T: Plain> {
     buf: Buf<T>,
     len: usize,
+}
+
+/// A copy of the values alone, placed as a cache of that size grows to (a sequence forked from
+/// another decodes as fast).
+impl<T: Plain> Clone for Held<T> {
+    fn clone(&self) -> Self {
+        let mut copy = Held::default();
+        copy.append(self.len).copy_from_slice(self.values());
+        copy
+    }
 }
 
 impl<T: Plain> Held<T> {
@@ -184,6 +194,9 @@ mod tests {
             let on = huge && cfg!(target_os = "linux") && k3_kernels::hugebuf::enabled();
             assert_eq!((a.on_huge_pages(), b.on_huge_pages()), (on, on), "asked for huge pages: {huge}");
             held.push(a.rows().to_f32().to_vec());
+            let c = a.clone();
+            assert_eq!(c.rows().to_f32().to_vec(), want, "a clone's rows");
+            assert_eq!(c.on_huge_pages(), on, "a clone's place");
         }
         super::set_kv_hugepages(true);
         assert_eq!(held[0], held[1]);
