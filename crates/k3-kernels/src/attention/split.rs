@@ -133,13 +133,17 @@ pub(crate) fn gqa_decode_split(
     crate::threads::Pool::global().run(threads, shares, &|k| {
         // The scores walk a tile in runs of RUN positions, every KV head's part of a run before
         // the next run, so that the key rows come from memory in order, whole (a pass a KV head
-        // over the tile read a third of every row at a stride). While a run's scores are taken,
-        // the next run's keys and this run's values are on their way into L2. SmolLM2 Q4_1
-        // decode @4096 against a pass a KV head without the prefetches, in one process
-        // (`examples/decode_ab … 4096`, 30 rounds): 1.14× at 2 threads, 1.15× at 1; runs of 32
-        // measured the same. The values product, after the tile's softmax, finds the tile's
-        // value rows in L2 and takes each KV head over the whole tile in one product, its G × dv
-        // accumulators in registers throughout. Against the values in runs too (one product a
+        // over the tile read a third of every row at a stride). Before each KV head's part of a
+        // run, a third of the keys two runs ahead and of the run's values are sent on their way
+        // into L2. SmolLM2 Q4_1 decode @4096 against a pass a KV head without the prefetches, in
+        // one process (`examples/decode_ab … 4096`, 30 rounds): 1.14× at 2 threads, 1.15× at 1
+        // with the whole next run prefetched at the start of a run; runs of 32 or 64 measured
+        // the same or slower. That burst (192 lines at once) held up the core while the cache's
+        // miss buffers drained: a KV head's share of it before each product ran 1.097× (2
+        // threads) and 1.159× (1 thread) as fast (30 of 30 rounds each), and the keys two runs
+        // ahead instead of one 1.021–1.026× more (24 and 26 of 30). The values product, after
+        // the tile's softmax, finds the tile's value rows in L2 and takes each KV head over the
+        // whole tile in one product, its G × dv accumulators in registers throughout. Against the values in runs too (one product a
         // run and KV head, reloading them every 16 positions), SmolLM2's decode @4096 ran 1.157×
         // as fast at 2 threads and 1.185× at 1 in one process (30 rounds); the sums are the
         // same, in the same order.
@@ -148,14 +152,20 @@ pub(crate) fn gqa_decode_split(
             let n = js.len();
             for j0 in (0..n).step_by(RUN) {
                 let m = RUN.min(n - j0);
-                if pf {
-                    let (p0, p1) = (js.start + j0, js.start + j0 + m);
-                    let ks = (p1 * hkv * dk).min(s * hkv * dk)..((p1 + m) * hkv * dk).min(s * hkv * dk);
-                    let vs = p0 * hkv * dv..p1 * hkv * dv;
-                    kc.prefetch(ks);
-                    vc.prefetch(vs);
-                }
+                // The keys two runs ahead and this run's values, a KV head's share of them
+                // before each product.
+                let (p0, p1) = (js.start + j0, js.start + j0 + m);
+                let ks = ((p1 + RUN) * hkv * dk).min(s * hkv * dk)..((p1 + RUN + m) * hkv * dk).min(s * hkv * dk);
+                let vs = p0 * hkv * dv..p1 * hkv * dv;
                 for kvh in 0..hkv {
+                    if pf {
+                        let part = |r: &Range<usize>| {
+                            let len = r.len().div_ceil(hkv);
+                            (r.start + kvh * len).min(r.end)..(r.start + (kvh + 1) * len).min(r.end)
+                        };
+                        kc.prefetch(part(&ks));
+                        vc.prefetch(part(&vs));
+                    }
                     let (rows, first) = (&a[kvh * g * dk..(kvh + 1) * g * dk], ((js.start + j0) * hkv + kvh) * dk);
                     let b = &mut block[kvh * g * n + j0..(kvh + 1) * g * n];
                     match kc {
