@@ -35,31 +35,31 @@ pub const MAX_ROWS: usize = 3;
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 pub unsafe fn nt_few_rows<const R: usize, const F16: bool>(ops: Keys, n: usize) {
     let Keys { pc, pb, ldb, .. } = ops;
+    let pf = CACHE_PREFETCH.on();
     let mut j0 = 0;
     while j0 < n {
         let keys = (n - j0).min(8);
         let at = Keys { pc: pc.add(j0), pb: pb.add(j0 * ldb * if F16 { 2 } else { 4 }), ..ops };
         match keys {
-            8 => keys8::<R, F16, 8>(at),
-            7 => keys8::<R, F16, 7>(at),
-            6 => keys8::<R, F16, 6>(at),
-            5 => keys8::<R, F16, 5>(at),
-            4 => keys8::<R, F16, 4>(at),
-            3 => keys8::<R, F16, 3>(at),
-            2 => keys8::<R, F16, 2>(at),
-            _ => keys8::<R, F16, 1>(at),
+            8 => keys8::<R, F16, 8>(at, pf),
+            7 => keys8::<R, F16, 7>(at, pf),
+            6 => keys8::<R, F16, 6>(at, pf),
+            5 => keys8::<R, F16, 5>(at, pf),
+            4 => keys8::<R, F16, 4>(at, pf),
+            3 => keys8::<R, F16, 3>(at, pf),
+            2 => keys8::<R, F16, 2>(at, pf),
+            _ => keys8::<R, F16, 1>(at, pf),
         }
         j0 += keys;
     }
 }
 
 /// R rows against keys 0..N (N ≤ 8; the missing keys' accumulators stay zero and their lanes
-/// are not stored).
+/// are not stored), prefetching the keys ahead when `pf` ([`CACHE_PREFETCH`]).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn keys8<const R: usize, const F16: bool, const N: usize>(at: Keys) {
+unsafe fn keys8<const R: usize, const F16: bool, const N: usize>(at: Keys, pf: bool) {
     let Keys { pc, ldc, pa, lda, pb, ldb, k } = at;
-    let pf = CACHE_PREFETCH.on();
     let mut acc = [[_mm512_setzero_ps(); 8]; R];
     let mut kk = 0;
     while kk < k {
