@@ -144,7 +144,7 @@ pub fn gqa_attend(
         return gqa_attend_pairs(out, q, &kc.to_f32(), &vc.to_f32(), hq, hkv, d, past, f16_kq, threads);
     }
     let heads = Heads { hq, hkv, dk: d, dv: d };
-    if q.len() == hq * d && past + 1 >= split::SPLIT_MIN {
+    if q.len() == hq * d && past + 1 >= split::GQA_SPLIT_MIN {
         return split::gqa_decode_split(out, q, kc, vc, heads, past + 1, f16_kq, threads);
     }
     attend_blocked(out, q, Keys::Rows(kc), vc, heads, past, f16_kq, threads)
@@ -455,8 +455,9 @@ mod tests {
             // blocked and (reference arithmetic) per pair, at 1–3 threads, over an f32 cache and
             // an f16 one holding the same (f16-representable) values.
             let (hq, hkv, d) = (6, 2, 16);
-            // Decode steps over 1,500 and 2,600 positions take the split path (one share per thread).
-            for (t, past) in [(1, 70), (3, 40), (37, 5), (2, 1100), (1, 1500), (1, 2600)] {
+            // Decode steps over 64 positions or more take the split path (one share per thread;
+            // 71 positions: shares within one tile), fewer the blocked one.
+            for (t, past) in [(1, 30), (1, 70), (3, 40), (37, 5), (2, 1100), (1, 1500), (1, 2600)] {
                 let q = rng.normals(t * hq * d, 1.0);
                 let f16_values = |rng: &mut Rng| {
                     let mut v = rng.normals((past + t) * hkv * d, 1.0);

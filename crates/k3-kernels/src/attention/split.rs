@@ -11,6 +11,14 @@ use std::ops::Range;
 /// Fewest visible positions at which a one-token step splits them over the threads.
 pub(crate) const SPLIT_MIN: usize = 1024;
 
+/// Fewest visible positions at which a GQA one-token step takes [`gqa_decode_split`] (its
+/// runs, prefetches and shares) rather than `attend_blocked`'s pass a KV head over the cache.
+/// SmolLM2 Q4_1 decode at contexts 200–920 in one process (`examples/decode_ab … 8 30 … 200`,
+/// a temporary switch, 30 rounds): 1.080× at 1 thread, 1.106× at 2 against the split from 1,024
+/// positions; 0–250 positions 1.013× / 1.020×. Splitting over one thread below 1,024 positions
+/// and over all from there was 0.966× at 2 threads.
+pub(crate) const GQA_SPLIT_MIN: usize = 64;
+
 /// Positions per tile of a share's single pass: a tile's cache rows (at MLA's bench shape 256 ×
 /// 640 bytes in f16, 160 KB) stay in L2 between its scores and its values, so the share streams
 /// from memory once.
