@@ -200,6 +200,19 @@ pub fn attend_blocked(
         "attend_blocked: cache or output too short"
     );
     let threads = if (past + t) * t * hq * dk < 1 << 15 { 1 } else { threads };
+    // A prompt's scores against key rows take a horizontal sum per (row, key), about as much
+    // work as the multiply-adds at dk = 64; with the keys laid out as columns once (each KV
+    // head's [dk, S], widened to f32: S·dk·Hkv copies against t·S·dk·Hq multiply-adds) they are
+    // a plain A·B product, as MLA's long prefill has them.
+    let columns;
+    let keys = match keys {
+        Keys::Rows(kc) if f16_kq && t >= COLUMNS_MIN => {
+            let n = past + t;
+            columns = key_columns(kc, hkv, dk, n);
+            Keys::Columns { data: &columns, n }
+        }
+        keys => keys,
+    };
     let group = hq / hkv;
     // Queries per block: about 128 rows against each pass over the cache (the keys and values
     // are re-read once per block).
@@ -248,6 +261,23 @@ pub fn attend_blocked(
             dst.copy_from_slice(&ob[i * group * dv..(i + 1) * group * dv]);
         }
     });
+}
+
+/// Fewest new tokens for which [`attend_blocked`]'s two-pass form lays key rows out as columns.
+const COLUMNS_MIN: usize = 16;
+
+/// The first `n` positions of key rows [·, Hkv, dk] as each KV head's [dk, n] block of columns
+/// (column j position j's key), widened to f32: [Hkv, dk, n].
+fn key_columns(kc: Rows, hkv: usize, dk: usize, n: usize) -> Vec<f32> {
+    let mut cols = vec![0f32; hkv * dk * n];
+    let mut row = vec![0f32; hkv * dk];
+    for j in 0..n {
+        kc.widen(j * hkv * dk, &mut row);
+        for (c, &x) in row.iter().enumerate() {
+            cols[c * n + j] = x;
+        }
+    }
+    cols
 }
 
 /// Where one task of [`attend_blocked`] works: KV head, first query and query count of its
@@ -456,8 +486,9 @@ mod tests {
             // an f16 one holding the same (f16-representable) values.
             let (hq, hkv, d) = (6, 2, 16);
             // Decode steps over 64 positions or more take the split path (one share per thread;
-            // 71 positions: shares within one tile), fewer the blocked one.
-            for (t, past) in [(1, 30), (1, 70), (3, 40), (37, 5), (2, 1100), (1, 1500), (1, 2600)] {
+            // 71 positions: shares within one tile), fewer the blocked one; prompts of 16 tokens
+            // or more with f16 probabilities lay the keys out as columns.
+            for (t, past) in [(1, 30), (1, 70), (3, 40), (37, 5), (24, 700), (2, 1100), (1, 1500), (1, 2600)] {
                 let q = rng.normals(t * hq * d, 1.0);
                 let f16_values = |rng: &mut Rng| {
                     let mut v = rng.normals((past + t) * hkv * d, 1.0);
