@@ -253,16 +253,12 @@ pub struct Buf<T: Plain>(Inner<T>);
 
 enum Inner<T: Plain> {
     Heap(Vec<T>),
-    /// Carved from a chunk on huge pages, or a huge-page mapping of its own.
-    Huge {
+    /// Carved from a chunk on huge pages, or a mapping of its own ([`Buf::mapped`]); `huge`
+    /// unless that mapping is on 4 KiB pages.
+    Mapped {
         ptr: NonNull<T>,
         len: usize,
-        _chunk: Arc<Chunk>,
-    },
-    /// A mapping of its own on 4 KiB pages ([`Buf::mapped`]).
-    Own {
-        ptr: NonNull<T>,
-        len: usize,
+        huge: bool,
         _chunk: Arc<Chunk>,
     },
 }
@@ -282,7 +278,7 @@ impl<T: Plain> Buf<T> {
                 debug_assert!(at.is_multiple_of(align_of::<T>()));
                 // SAFETY: `at` is a non-null address inside a live mapping, aligned for T.
                 let ptr = unsafe { NonNull::new_unchecked(at as *mut T) };
-                return Buf(Inner::Huge { ptr, len: n, _chunk: chunk });
+                return Buf(Inner::Mapped { ptr, len: n, huge: true, _chunk: chunk });
             }
         }
         Buf(Inner::Heap(vec![T::default(); n]))
@@ -311,20 +307,15 @@ impl<T: Plain> Buf<T> {
                 // SAFETY: the chunk's base is a non-null address of a live mapping, aligned to
                 // a page (so for T), and its bytes ≥ n values of T.
                 let ptr = unsafe { NonNull::new_unchecked(chunk.base as *mut T) };
-                let chunk = Arc::new(chunk);
-                return Buf(if huge {
-                    Inner::Huge { ptr, len: n, _chunk: chunk }
-                } else {
-                    Inner::Own { ptr, len: n, _chunk: chunk }
-                });
+                return Buf(Inner::Mapped { ptr, len: n, huge, _chunk: Arc::new(chunk) });
             }
         }
         Buf(Inner::Heap(vec![T::default(); n]))
     }
 
-    /// Whether the buffer was carved from a huge-page chunk.
+    /// Whether the buffer is on huge pages (carved from a chunk, or mapped with `huge`).
     pub fn is_huge(&self) -> bool {
-        matches!(self.0, Inner::Huge { .. })
+        matches!(self.0, Inner::Mapped { huge: true, .. })
     }
 }
 
@@ -341,9 +332,7 @@ impl<T: Plain> Deref for Buf<T> {
             Inner::Heap(v) => v,
             // SAFETY: ptr..ptr + len lies inside the chunk this buffer keeps mapped, zeroed by the
             // kernel (a valid T for `Plain` types) or written since through `&mut self`.
-            Inner::Huge { ptr, len, .. } | Inner::Own { ptr, len, .. } => unsafe {
-                std::slice::from_raw_parts(ptr.as_ptr(), *len)
-            },
+            Inner::Mapped { ptr, len, .. } => unsafe { std::slice::from_raw_parts(ptr.as_ptr(), *len) },
         }
     }
 }
@@ -354,9 +343,7 @@ impl<T: Plain> DerefMut for Buf<T> {
             Inner::Heap(v) => v,
             // SAFETY: as in `deref`; `&mut self` makes the access unique (no other buffer
             // overlaps this one's bytes).
-            Inner::Huge { ptr, len, .. } | Inner::Own { ptr, len, .. } => unsafe {
-                std::slice::from_raw_parts_mut(ptr.as_ptr(), *len)
-            },
+            Inner::Mapped { ptr, len, .. } => unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), *len) },
         }
     }
 }

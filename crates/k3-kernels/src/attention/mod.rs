@@ -269,12 +269,18 @@ const COLUMNS_MIN: usize = 16;
 /// The first `n` positions of key rows [·, Hkv, dk] as each KV head's [dk, n] block of columns
 /// (column j position j's key), widened to f32: [Hkv, dk, n].
 fn key_columns(kc: Rows, hkv: usize, dk: usize, n: usize) -> Vec<f32> {
-    let mut cols = vec![0f32; hkv * dk * n];
-    let mut row = vec![0f32; hkv * dk];
-    for j in 0..n {
-        kc.widen(j * hkv * dk, &mut row);
-        for (c, &x) in row.iter().enumerate() {
-            cols[c * n + j] = x;
+    // 16 positions at a time, so that each column is written 64 contiguous bytes at once.
+    const J: usize = 16;
+    let w = hkv * dk;
+    let mut cols = vec![0f32; w * n];
+    let mut rows = vec![0f32; J * w];
+    for j0 in (0..n).step_by(J) {
+        let nb = J.min(n - j0);
+        kc.widen(j0 * w, &mut rows[..nb * w]);
+        for (c, col) in cols.chunks_exact_mut(n).enumerate() {
+            for (jj, x) in col[j0..j0 + nb].iter_mut().enumerate() {
+                *x = rows[jj * w + c];
+            }
         }
     }
     cols

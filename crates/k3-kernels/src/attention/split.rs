@@ -151,10 +151,10 @@ pub(crate) fn gqa_decode_split(
         // threads) and 1.159× (1 thread) as fast (30 of 30 rounds each), and the keys two runs
         // ahead instead of one 1.021–1.026× more (24 and 26 of 30). The values product, after
         // the tile's softmax, finds the tile's value rows in L2 and takes each KV head over the
-        // whole tile in one product, its G × dv accumulators in registers throughout. Against the values in runs too (one product a
-        // run and KV head, reloading them every 16 positions), SmolLM2's decode @4096 ran 1.157×
-        // as fast at 2 threads and 1.185× at 1 in one process (30 rounds); the sums are the
-        // same, in the same order.
+        // whole tile in one product, its G × dv accumulators in registers throughout. Against
+        // the values in runs too (one product a run and KV head, reloading them every 16
+        // positions), SmolLM2's decode @4096 ran 1.157× as fast at 2 threads and 1.185× at 1 in
+        // one process (30 rounds); the sums are the same, in the same order.
         let pf = crate::simd_keys::cache_prefetch();
         let scores = |block: &mut [f32], js: Range<usize>| {
             let n = js.len();
