@@ -59,7 +59,41 @@ pub unsafe fn nt_few_rows<const R: usize, const F16: bool>(ops: Keys, n: usize) 
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn keys8<const R: usize, const F16: bool, const N: usize>(at: Keys, pf: bool) {
-    let Keys { pc, ldc, pa, lda, pb, ldb, k } = at;
+    let Keys { pc, ldc, .. } = at;
+    let sums = scores8::<R, F16, N>(at, pf);
+    let store: __mmask8 = ((1u32 << N) - 1) as u8;
+    for (r, sums) in sums.iter().enumerate() {
+        let p = pc.add(r * ldc);
+        _mm256_mask_storeu_ps(p, store, _mm256_add_ps(_mm256_maskz_loadu_ps(store, p), *sums));
+    }
+}
+
+/// [`scores8`] for n ≤ 8 keys known only at run time (lanes n.. zero).
+///
+/// # Safety
+/// As [`nt_few_rows`], for R rows of A and n keys (`pc`, `ldc` unused).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn scores8_n<const R: usize, const F16: bool>(at: Keys, pf: bool, n: usize) -> [__m256; R] {
+    match n {
+        8.. => scores8::<R, F16, 8>(at, pf),
+        7 => scores8::<R, F16, 7>(at, pf),
+        6 => scores8::<R, F16, 6>(at, pf),
+        5 => scores8::<R, F16, 5>(at, pf),
+        4 => scores8::<R, F16, 4>(at, pf),
+        3 => scores8::<R, F16, 3>(at, pf),
+        2 => scores8::<R, F16, 2>(at, pf),
+        1 => scores8::<R, F16, 1>(at, pf),
+        0 => [_mm256_setzero_ps(); R],
+    }
+}
+
+/// R rows of A against keys 0..N (N ≤ 8): lane j of row r's vector is A[r] · B[j] (lanes N..
+/// zero), each row's eight accumulators summed by one transposing tree ([`sum8`]).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn scores8<const R: usize, const F16: bool, const N: usize>(at: Keys, pf: bool) -> [__m256; R] {
+    let Keys { pa, lda, pb, ldb, k, .. } = at;
     let mut acc = [[_mm512_setzero_ps(); 8]; R];
     let mut kk = 0;
     while kk < k {
@@ -74,12 +108,7 @@ unsafe fn keys8<const R: usize, const F16: bool, const N: usize>(at: Keys, pf: b
         }
         kk += 16;
     }
-    let store: __mmask8 = ((1u32 << N) - 1) as u8;
-    for (r, acc) in acc.iter().enumerate() {
-        let p = pc.add(r * ldc);
-        let sums = sum8(acc);
-        _mm256_mask_storeu_ps(p, store, _mm256_add_ps(_mm256_maskz_loadu_ps(store, p), sums));
-    }
+    std::array::from_fn(|r| sum8(&acc[r]))
 }
 
 /// Keys ahead of the ones being multiplied whose rows the tiles prefetch into L1. A decode

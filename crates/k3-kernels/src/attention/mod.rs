@@ -1,9 +1,11 @@
 //! Softmax attention over a cache: GQA for Llama (here) and MLA in its absorbed (latent, MQA)
 //! form ([`mla`]).
 
+mod gqa_run;
 mod mla;
 mod split;
 pub use mla::{mla_attend, mla_attend_block, mla_attend_ref};
+pub use split::set_gqa_fused;
 
 /// A raw output pointer for tasks that write disjoint rows.
 #[derive(Clone, Copy)]
@@ -145,7 +147,7 @@ pub fn gqa_attend(
     }
     let heads = Heads { hq, hkv, dk: d, dv: d };
     if q.len() == hq * d && past + 1 >= split::GQA_SPLIT_MIN {
-        return split::gqa_decode_split(out, q, kc, vc, heads, past + 1, f16_kq, threads);
+        return split::gqa_decode_split(out, q, kc, vc, heads, past + 1, f16_kq, threads, split::fused_on());
     }
     attend_blocked(out, q, Keys::Rows(kc), vc, heads, past, f16_kq, threads)
 }

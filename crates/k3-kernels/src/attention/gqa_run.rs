@@ -1,0 +1,186 @@
+//! One decode token's GQA attention over a run of up to 16 cached positions of one KV head, in
+//! one pass through the registers: the scores of the G ≤ 3 query heads that share the KV head,
+//! their online softmax (running maximum m, running sum l, the outputs rescaled by e^(m_old −
+//! m_new) when m grows) and the values product,
+//!
+//!   s_j = q · k_j,  m' = max(m, scale·max_j s_j),  p_j = e^(scale·s_j − m'),
+//!   l' = e^(m − m')·l + Σ_j p_j,  acc' = e^(m − m')·acc + Σ_j p_j·v_j.
+//!
+//! [`super::split::gqa_decode_split`]'s unfused form writes each 256-position tile's scores to
+//! memory, takes their maximum, exponentials and f16 rounding in passes over it, then reads them
+//! back for the values: at SmolLM2's shape perf put a third of the step outside the two
+//! products. Here the scores of a run never leave the registers except as the 16 probabilities
+//! the values product broadcasts, and each head's G × dv outputs stay in registers over the run.
+//! The unfused form is this kernel's reference (the same sums in another order).
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// Positions per run: one 16-lane vector of scores per query head.
+pub(super) const RUN: usize = 16;
+
+/// Widest values the fused form holds in registers (G · dv / 16 ≤ 12 accumulators).
+pub(super) const MAX_DV: usize = 64;
+
+/// A KV head's share state for G query heads: outputs [G, dv], running maxima [G] and sums
+/// [G, 16] (16 lanes a head, summed when the share ends).
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+pub(super) struct Heads {
+    /// The G query rows (rounded to f16 when the probabilities are), [G, dk].
+    pub q: *const f32,
+    pub dk: usize,
+    /// Position 0 of the run: its key row (this KV head's dk values) and value row (dv), f32 or
+    /// f16 bits; `ldk`, `ldv` elements from one position to the next.
+    pub keys: *const u8,
+    pub ldk: usize,
+    pub values: *const u8,
+    pub ldv: usize,
+    pub acc: *mut f32,
+    pub m: *mut f32,
+    pub l: *mut f32,
+    /// Cache bytes to start on their way into L2 during the run (start, length; two regions:
+    /// keys and values further on), a few lines with each position's values.
+    pub ahead: [(*const u8, usize); 2],
+}
+
+/// The fused run for G heads and dv = 16·DV16 values, F16 caches or f32; `n` ≤ [`RUN`]
+/// positions; with `f16_p` the probabilities are rounded to f16 before the values product (as
+/// llama.cpp's against an f16 cache), after they join the sum.
+///
+/// # Safety
+/// AVX-512 F/BW/VL and F16C must be present; q [G, dk], acc [G, dv], m [G], l [G, 16], and n key and
+/// value rows at their strides must be valid.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,fma")]
+pub(super) unsafe fn run<const G: usize, const DV16: usize, const F16: bool>(
+    h: Heads,
+    n: usize,
+    scale: f32,
+    f16_p: bool,
+    pf: bool,
+) {
+    let keys = crate::simd_keys::Keys {
+        pc: std::ptr::null_mut(),
+        ldc: 0,
+        pa: h.q,
+        lda: h.dk,
+        pb: h.keys,
+        ldb: h.ldk,
+        k: h.dk,
+    };
+    let elem = if F16 { 2 } else { 4 };
+    let mut acc = [[_mm512_setzero_ps(); DV16]; G];
+    for r in 0..G {
+        for (q, a) in acc[r].iter_mut().enumerate() {
+            *a = _mm512_loadu_ps(h.acc.add(r * DV16 * 16 + 16 * q));
+        }
+    }
+    let mut p = [[0f32; RUN]; G];
+    // s [G] × 16 lanes: positions 0..8 and 8..16 (lanes n.. zero, masked off below).
+    let lo = crate::simd_keys::scores8_n::<G, F16>(keys, pf, n.min(8));
+    let hi_at = crate::simd_keys::Keys { pb: h.keys.add(8 * h.ldk * elem), ..keys };
+    let hi = crate::simd_keys::scores8_n::<G, F16>(hi_at, pf, n.saturating_sub(8));
+    let valid: __mmask16 = ((1u32 << n) - 1) as u16;
+    for r in 0..G {
+        let s = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+            _mm512_castpd256_pd512(_mm256_castps_pd(lo[r])),
+            _mm256_castps_pd(hi[r]),
+        ));
+        let x = _mm512_mul_ps(s, _mm512_set1_ps(scale));
+        // The maximum is reduced only when some score passes it (most runs after the first
+        // few pass none); the sum stays 16 lanes wide until the share ends.
+        let (m_r, l_r) = (h.m.add(r), h.l.add(16 * r));
+        let mut lanes = _mm512_loadu_ps(l_r);
+        if _mm512_mask_cmp_ps_mask::<_CMP_GT_OQ>(valid, x, _mm512_set1_ps(*m_r)) != 0 {
+            let top = _mm512_mask_reduce_max_ps(valid, x);
+            // The first run's m = −∞ gives factor ~0 on zero outputs and sums.
+            let grow = _mm512_set1_ps(crate::ops::exp_fast(*m_r - top));
+            for a in acc[r].iter_mut() {
+                *a = _mm512_mul_ps(*a, grow);
+            }
+            lanes = _mm512_mul_ps(lanes, grow);
+            *m_r = top;
+        }
+        let e = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(x, _mm512_set1_ps(*m_r))));
+        _mm512_storeu_ps(l_r, _mm512_add_ps(lanes, e));
+        let e = if f16_p {
+            _mm512_cvtph_ps(_mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(e))
+        } else {
+            e
+        };
+        _mm512_storeu_ps(p[r].as_mut_ptr(), e);
+    }
+    // Lines a position (of RUN) of each region; the last position's may reach a line or two
+    // past its region (harmless: a prefetch never faults).
+    let per = h.ahead.map(|(_, len)| len.div_ceil(64 * RUN));
+    for j in 0..RUN {
+        for (&(at, _), &per) in h.ahead.iter().zip(&per) {
+            for i in 0..per {
+                _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(64 * (j * per + i)) as *const i8);
+            }
+        }
+        if j >= n {
+            continue;
+        }
+        let v: [__m512; DV16] =
+            std::array::from_fn(|q| crate::simd::x86::load_b::<F16>(h.values, j * h.ldv + 16 * q, 0xFFFF));
+        for r in 0..G {
+            let pj = _mm512_set1_ps(p[r][j]);
+            for q in 0..DV16 {
+                acc[r][q] = _mm512_fmadd_ps(pj, v[q], acc[r][q]);
+            }
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        for (q, a) in acc.iter().enumerate() {
+            _mm512_storeu_ps(h.acc.add(r * DV16 * 16 + 16 * q), *a);
+        }
+    }
+}
+
+/// [`crate::ops::exp_fast`] on 16 lanes (the same clamp, reduction and polynomial, with fused
+/// multiply-adds).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,fma")]
+pub(super) unsafe fn exp16(x: __m512) -> __m512 {
+    let x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3)), _mm512_set1_ps(88.3));
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(
+        x,
+        _mm512_set1_ps(std::f32::consts::LOG2_E),
+    ));
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x));
+    let mut p = _mm512_set1_ps(1.987_569_1e-4);
+    for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5] {
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+    }
+    let y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0));
+    let two_n =
+        _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127))));
+    _mm512_mul_ps(y, two_n)
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+
+    /// The 16-lane exponential against libm over the range the softmax feeds it (and past its
+    /// clamp at both ends), where the machine has AVX-512.
+    #[test]
+    fn exp16_matches_libm() {
+        if crate::qgemm::Isa::best() < crate::qgemm::Isa::Avx512 {
+            return;
+        }
+        let xs: Vec<f32> = (0..4000).map(|i| -100.0 + i as f32 * 0.047).collect();
+        for c in xs.chunks_exact(16) {
+            let mut got = [0f32; 16];
+            // SAFETY: AVX-512 is present (checked above); got holds 16 lanes.
+            unsafe { _mm512_storeu_ps(got.as_mut_ptr(), exp16(_mm512_loadu_ps(c.as_ptr()))) };
+            for (&x, &g) in c.iter().zip(&got) {
+                let want = crate::ops::exp_ref(x.clamp(-87.3, 88.3));
+                assert!((g - want).abs() <= 4e-7 * want, "exp16({x}) = {g}, libm {want}");
+            }
+        }
+    }
+}
