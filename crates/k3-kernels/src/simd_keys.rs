@@ -34,37 +34,20 @@ pub const MAX_ROWS: usize = 3;
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 pub unsafe fn nt_few_rows<const R: usize, const F16: bool>(ops: Keys, n: usize) {
-    let Keys { pc, pb, ldb, .. } = ops;
+    let Keys { pc, ldc, pb, ldb, .. } = ops;
     let pf = CACHE_PREFETCH.on();
     let mut j0 = 0;
     while j0 < n {
+        // Up to eight keys a tile; the missing keys' lanes are zero and not stored.
         let keys = (n - j0).min(8);
-        let at = Keys { pc: pc.add(j0), pb: pb.add(j0 * ldb * if F16 { 2 } else { 4 }), ..ops };
-        match keys {
-            8 => keys8::<R, F16, 8>(at, pf),
-            7 => keys8::<R, F16, 7>(at, pf),
-            6 => keys8::<R, F16, 6>(at, pf),
-            5 => keys8::<R, F16, 5>(at, pf),
-            4 => keys8::<R, F16, 4>(at, pf),
-            3 => keys8::<R, F16, 3>(at, pf),
-            2 => keys8::<R, F16, 2>(at, pf),
-            _ => keys8::<R, F16, 1>(at, pf),
+        let at = Keys { pb: pb.add(j0 * ldb * if F16 { 2 } else { 4 }), ..ops };
+        let sums = scores8_n::<R, F16>(at, pf, keys);
+        let store: __mmask8 = ((1u32 << keys) - 1) as u8;
+        for (r, sums) in sums.iter().enumerate() {
+            let p = pc.add(r * ldc + j0);
+            _mm256_mask_storeu_ps(p, store, _mm256_add_ps(_mm256_maskz_loadu_ps(store, p), *sums));
         }
         j0 += keys;
-    }
-}
-
-/// R rows against keys 0..N (N ≤ 8; the missing keys' accumulators stay zero and their lanes
-/// are not stored), prefetching the keys ahead when `pf` ([`CACHE_PREFETCH`]).
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn keys8<const R: usize, const F16: bool, const N: usize>(at: Keys, pf: bool) {
-    let Keys { pc, ldc, .. } = at;
-    let sums = scores8::<R, F16, N>(at, pf);
-    let store: __mmask8 = ((1u32 << N) - 1) as u8;
-    for (r, sums) in sums.iter().enumerate() {
-        let p = pc.add(r * ldc);
-        _mm256_mask_storeu_ps(p, store, _mm256_add_ps(_mm256_maskz_loadu_ps(store, p), *sums));
     }
 }
 
@@ -89,7 +72,8 @@ pub(crate) unsafe fn scores8_n<const R: usize, const F16: bool>(at: Keys, pf: bo
 }
 
 /// R rows of A against keys 0..N (N ≤ 8): lane j of row r's vector is A[r] · B[j] (lanes N..
-/// zero), each row's eight accumulators summed by one transposing tree ([`sum8`]).
+/// zero), each row's eight accumulators summed by one transposing tree ([`sum8`]), the keys
+/// prefetched ahead when `pf` ([`CACHE_PREFETCH`]).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn scores8<const R: usize, const F16: bool, const N: usize>(at: Keys, pf: bool) -> [__m256; R] {
