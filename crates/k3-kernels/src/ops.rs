@@ -81,8 +81,20 @@ pub fn softmax_scaled_fast(x: &mut [f32], scale: f32) {
 }
 
 /// `x_j ← e^(scale·x_j − m)` in place with [`exp_fast`], returning their sum (the unnormalised
-/// half of a softmax, for softmaxes split over several pieces).
+/// half of a softmax, for softmaxes split over several pieces). On AVX-512 in 16-lane vectors
+/// with fused multiply-adds (`simd::x86::exp_shifted_sum512`); [`exp_shifted_sum_ref`] is its
+/// reference.
 pub fn exp_shifted_sum(x: &mut [f32], scale: f32, m: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::qgemm::Isa::best() >= crate::qgemm::Isa::Avx512 {
+        // SAFETY: AVX-512F and FMA are present (Isa::best checks them).
+        return unsafe { crate::simd::x86::exp_shifted_sum512(x, scale, m) };
+    }
+    exp_shifted_sum_ref(x, scale, m)
+}
+
+/// [`exp_shifted_sum`] in plain Rust: [`exp_fast`] per value, the sum in 16 lanes.
+pub fn exp_shifted_sum_ref(x: &mut [f32], scale: f32, m: f32) -> f32 {
     let mut lanes = [0f32; 16];
     let mut chunks = x.chunks_exact_mut(16);
     for c in &mut chunks {
@@ -340,6 +352,44 @@ pub fn matmul_f32_ref(y: &mut [f32], x: &[f32], w: &[f32], t: usize, inp: usize,
 
 #[cfg(test)]
 mod tests {
+    /// The vector exponentials and their sum against the plain loop, on lengths around the
+    /// vector steps (the masked tail), values that reach the clamp at both ends.
+    #[test]
+    fn exp_shifted_sum_matches_its_reference() {
+        let mut rng = crate::testing::Rng::new(41);
+        for n in [0, 1, 15, 16, 17, 31, 32, 33, 100, 257] {
+            let x: Vec<f32> = rng.normals(n, 30.0);
+            let (mut got, mut want) = (x.clone(), x.clone());
+            let (sg, sw) =
+                (super::exp_shifted_sum(&mut got, 0.7, 3.0), super::exp_shifted_sum_ref(&mut want, 0.7, 3.0));
+            for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                assert!((g - w).abs() <= 4e-7 * w.abs() + f32::MIN_POSITIVE, "n {n}, value {i}: {g} against {w}");
+            }
+            assert!((sg - sw).abs() <= 1e-6 * sw.abs() + f32::MIN_POSITIVE, "n {n}: sum {sg} against {sw}");
+        }
+    }
+
+    /// The 16-lane exponential against libm over the range the softmaxes feed it and past its
+    /// clamp at both ends, where the machine has AVX-512.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn exp16_matches_libm() {
+        use std::arch::x86_64::{_mm512_loadu_ps, _mm512_storeu_ps};
+        if crate::qgemm::Isa::best() < crate::qgemm::Isa::Avx512 {
+            return;
+        }
+        let xs: Vec<f32> = (0..4000).map(|i| -100.0 + i as f32 * 0.047).collect();
+        for c in xs.chunks_exact(16) {
+            let mut got = [0f32; 16];
+            // SAFETY: AVX-512 is present (checked above); got holds 16 lanes.
+            unsafe { _mm512_storeu_ps(got.as_mut_ptr(), crate::simd::x86::exp16(_mm512_loadu_ps(c.as_ptr()))) };
+            for (&x, &g) in c.iter().zip(&got) {
+                let want = super::exp_ref(x.clamp(-87.3, 88.3));
+                assert!((g - want).abs() <= 4e-7 * want, "exp16({x}) = {g}, libm {want}");
+            }
+        }
+    }
+
     use super::*;
     use crate::testing::Rng;
 

@@ -102,7 +102,7 @@ pub(super) unsafe fn run<const G: usize, const DV16: usize, const F16: bool>(
             lanes = _mm512_mul_ps(lanes, grow);
             *m_r = top;
         }
-        let e = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(x, _mm512_set1_ps(*m_r))));
+        let e = _mm512_maskz_mov_ps(valid, crate::simd::x86::exp16(_mm512_sub_ps(x, _mm512_set1_ps(*m_r))));
         _mm512_storeu_ps(l_r, _mm512_add_ps(lanes, e));
         let e = if f16_p {
             _mm512_cvtph_ps(_mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(e))
@@ -135,52 +135,6 @@ pub(super) unsafe fn run<const G: usize, const DV16: usize, const F16: bool>(
     for (r, acc) in acc.iter().enumerate() {
         for (q, a) in acc.iter().enumerate() {
             _mm512_storeu_ps(h.acc.add(r * DV16 * 16 + 16 * q), *a);
-        }
-    }
-}
-
-/// [`crate::ops::exp_fast`] on 16 lanes (the same clamp, reduction and polynomial, with fused
-/// multiply-adds).
-#[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx512f,fma")]
-pub(super) unsafe fn exp16(x: __m512) -> __m512 {
-    let x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3)), _mm512_set1_ps(88.3));
-    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(
-        x,
-        _mm512_set1_ps(std::f32::consts::LOG2_E),
-    ));
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x));
-    let mut p = _mm512_set1_ps(1.987_569_1e-4);
-    for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5] {
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-    }
-    let y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0));
-    let two_n =
-        _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127))));
-    _mm512_mul_ps(y, two_n)
-}
-
-#[cfg(all(test, target_arch = "x86_64"))]
-mod tests {
-    use super::*;
-
-    /// The 16-lane exponential against libm over the range the softmax feeds it (and past its
-    /// clamp at both ends), where the machine has AVX-512.
-    #[test]
-    fn exp16_matches_libm() {
-        if crate::qgemm::Isa::best() < crate::qgemm::Isa::Avx512 {
-            return;
-        }
-        let xs: Vec<f32> = (0..4000).map(|i| -100.0 + i as f32 * 0.047).collect();
-        for c in xs.chunks_exact(16) {
-            let mut got = [0f32; 16];
-            // SAFETY: AVX-512 is present (checked above); got holds 16 lanes.
-            unsafe { _mm512_storeu_ps(got.as_mut_ptr(), exp16(_mm512_loadu_ps(c.as_ptr()))) };
-            for (&x, &g) in c.iter().zip(&got) {
-                let want = crate::ops::exp_ref(x.clamp(-87.3, 88.3));
-                assert!((g - want).abs() <= 4e-7 * want, "exp16({x}) = {g}, libm {want}");
-            }
         }
     }
 }
