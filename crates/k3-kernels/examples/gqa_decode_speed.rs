@@ -4,9 +4,10 @@
 //! unfused tiles alternating in one process, with their ratio. With `cold`, 64 MB are streamed
 //! through the caches before each timed call, as a decode step's weights do in the engine. Prints
 //! the cache bytes read per second as well. The caches lie on huge pages, as the engine's do from
-//! 1 MiB (`kv::Held`); with `small`, on 4 KiB pages.
+//! 1 MiB (`kv::Held`); with `small`, on 4 KiB pages. `wide` takes Llama-3.2-3B's shape instead
+//! (24 query heads over 8 KV heads of 128).
 //!
-//!   cargo run --release -p k3-kernels --example gqa_decode_speed [THREADS] [cold] [small]
+//!   cargo run --release -p k3-kernels --example gqa_decode_speed [THREADS] [cold|warm] [small|huge] [wide]
 use k3_kernels::attention::{gqa_attend, set_gqa_fused, Rows};
 use std::time::Instant;
 
@@ -16,7 +17,8 @@ fn main() {
     let cold = arg(2).is_some_and(|a| a == "cold");
     let huge = arg(3).is_none_or(|a| a != "small");
     let flush = vec![1u64; if cold { 8 << 20 } else { 0 }]; // 64 MB, read (clean lines, as weights are)
-    let (hq, hkv, d, reps) = (9, 3, 64, 15);
+    let (hq, hkv, d) = if arg(4).is_some_and(|a| a == "wide") { (24, 8, 128) } else { (9, 3, 64) };
+    let reps = 15;
     let mut rng = k3_kernels::testing::Rng::new(9);
     for s in [1024, 4096, 16384] {
         let bits = |v: Vec<f32>| {

@@ -19,8 +19,18 @@ use std::arch::x86_64::*;
 /// Positions per run: one 16-lane vector of scores per query head.
 pub(super) const RUN: usize = 16;
 
-/// Widest values the fused form holds in registers (G · dv / 16 ≤ 12 accumulators).
-pub(super) const MAX_DV: usize = 64;
+/// Widest values the fused form holds in registers: G · dv / 16 ≤ 16 accumulators, so up to
+/// three query heads at a time to dv = 64 ([`rows_at_once`]), two to 128.
+pub(super) const MAX_DV: usize = 128;
+
+/// Query heads a run takes at once with values `dv` wide.
+pub(super) fn rows_at_once(dv: usize) -> usize {
+    if dv > 64 {
+        2
+    } else {
+        crate::simd_keys::MAX_ROWS
+    }
+}
 
 /// A KV head's share state for G query heads: outputs [G, dv], running maxima [G] and sums
 /// [G, 16] (16 lanes a head, summed when the share ends).
@@ -70,13 +80,11 @@ pub(super) unsafe fn run<const G: usize, const DV16: usize, const F16: bool>(
         k: h.dk,
     };
     let elem = if F16 { 2 } else { 4 };
-    let mut acc = [[_mm512_setzero_ps(); DV16]; G];
-    for r in 0..G {
-        for (q, a) in acc[r].iter_mut().enumerate() {
-            *a = _mm512_loadu_ps(h.acc.add(r * DV16 * 16 + 16 * q));
-        }
-    }
     let mut p = [[0f32; RUN]; G];
+    // Each head's factor e^(m_old − m_new) where its maximum grew, applied to its outputs once
+    // they are loaded, after the scores (whose accumulators would otherwise share the registers
+    // with them: at dv = 128, 16 outputs and 16 score accumulators for two heads).
+    let mut grew = [None; G];
     // s [G] × 16 lanes: positions 0..8 and 8..16 (lanes n.. zero, masked off below).
     let lo = crate::simd_keys::scores8_n::<G, F16>(keys, pf, n.min(8));
     let hi_at = crate::simd_keys::Keys { pb: h.keys.add(8 * h.ldk * elem), ..keys };
@@ -96,9 +104,7 @@ pub(super) unsafe fn run<const G: usize, const DV16: usize, const F16: bool>(
             let top = _mm512_mask_reduce_max_ps(valid, x);
             // The first run's m = −∞ gives factor ~0 on zero outputs and sums.
             let grow = _mm512_set1_ps(crate::ops::exp_fast(*m_r - top));
-            for a in acc[r].iter_mut() {
-                *a = _mm512_mul_ps(*a, grow);
-            }
+            grew[r] = Some(grow);
             lanes = _mm512_mul_ps(lanes, grow);
             *m_r = top;
         }
@@ -110,6 +116,15 @@ pub(super) unsafe fn run<const G: usize, const DV16: usize, const F16: bool>(
             e
         };
         _mm512_storeu_ps(p[r].as_mut_ptr(), e);
+    }
+    let mut acc = [[_mm512_setzero_ps(); DV16]; G];
+    for (r, acc) in acc.iter_mut().enumerate() {
+        for (q, a) in acc.iter_mut().enumerate() {
+            *a = _mm512_loadu_ps(h.acc.add(r * DV16 * 16 + 16 * q));
+            if let Some(grow) = grew[r] {
+                *a = _mm512_mul_ps(*a, grow);
+            }
+        }
     }
     // Lines a position (of RUN) of each region; the last position's may reach a line or two
     // past its region (harmless: a prefetch never faults).

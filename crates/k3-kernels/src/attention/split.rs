@@ -228,13 +228,6 @@ pub(crate) fn gqa_decode_split(
     combine_shares(&mut out[..hq * dv], &maxes, &sums, &partial, dv);
 }
 
-/// KV head kvh's share (of hkv) of the cache range `r`.
-#[cfg(target_arch = "x86_64")]
-fn part_range(r: &Range<usize>, kvh: usize, hkv: usize) -> Range<usize> {
-    let len = r.len().div_ceil(hkv);
-    (r.start + kvh * len).min(r.end)..(r.start + (kvh + 1) * len).min(r.end)
-}
-
 /// Whether [`fused_share`] can take a GQA decode step: AVX-512 present, values no wider than
 /// [`gqa_run::MAX_DV`] in 16-lane steps.
 pub(super) fn fused_fits(dv: usize) -> bool {
@@ -260,10 +253,11 @@ pub fn set_gqa_fused(on: bool) {
 
 /// One share's pass over positions `js` in runs of [`gqa_run::RUN`], every KV head's part of a
 /// run before the next run (the run's key and value rows come from memory whole and in order),
-/// each KV head's query heads in groups of at most three ([`gqa_run::run`]), their outputs,
+/// each KV head's query heads in groups of at most three, two past 64 values
+/// ([`gqa_run::rows_at_once`], [`gqa_run::run`]), their outputs,
 /// maxima and sums in `acc` [hq, dv], `maxes`, `sums` [hq] as [`online_share`] leaves them.
-/// Before each KV head's part, its third of the keys and values two runs ahead are sent on
-/// their way into L2.
+/// During each KV head's part, its share of the keys and values two runs ahead is sent on its
+/// way into L2, a few lines with each position's values.
 ///
 /// # Safety
 /// AVX-512 F/BW/VL, FMA and F16C must be present; the caches must hold `js.end` positions of
@@ -294,6 +288,7 @@ unsafe fn fused_share(
         _ => panic!("gqa decode: keys and values of one cache share a type"),
     };
     let elem = if f16 { 2 } else { 4 };
+    let at_once = gqa_run::rows_at_once(dv);
     let mut lanes = vec![0f32; hq * 16];
     for j0 in js.clone().step_by(gqa_run::RUN) {
         let n = gqa_run::RUN.min(js.end - j0);
@@ -303,22 +298,20 @@ unsafe fn fused_share(
         };
         let (ks, vs) = (ahead(dk), ahead(dv));
         for kvh in 0..hkv {
-            // This KV head's third of the keys and values two runs ahead, in bytes.
+            // This KV head's share of the keys and values two runs ahead, in bytes, issued by
+            // the run of its first group of query heads.
             let part = |r: &Range<usize>, base: *const u8| {
                 let len = r.len().div_ceil(hkv);
                 let (a, b) = ((r.start + kvh * len).min(r.end), (r.start + (kvh + 1) * len).min(r.end));
-                if pf && g <= crate::simd_keys::MAX_ROWS {
+                if pf {
                     (base.add(a * elem), (b - a) * elem)
                 } else {
                     (base, 0)
                 }
             };
             let ahead = [part(&ks, kp), part(&vs, vp)];
-            if pf && g > crate::simd_keys::MAX_ROWS {
-                kc.prefetch(part_range(&ks, kvh, hkv));
-                vc.prefetch(part_range(&vs, kvh, hkv));
-            }
-            for r0 in (0..g).step_by(crate::simd_keys::MAX_ROWS) {
+            for r0 in (0..g).step_by(at_once) {
+                let ahead = if r0 == 0 { ahead } else { [(kp, 0), (vp, 0)] };
                 let row = kvh * g + r0;
                 let h = gqa_run::Heads {
                     q: a.as_ptr().add(row * dk),
@@ -332,7 +325,7 @@ unsafe fn fused_share(
                     l: lanes.as_mut_ptr().add(row * 16),
                     ahead,
                 };
-                let rows = (g - r0).min(crate::simd_keys::MAX_ROWS);
+                let rows = (g - r0).min(at_once);
                 macro_rules! run {
                     ($g:literal, $dv16:literal) => {
                         if f16 {
@@ -354,7 +347,15 @@ unsafe fn fused_share(
                     (3, 1) => run!(3, 1),
                     (3, 2) => run!(3, 2),
                     (3, 3) => run!(3, 3),
-                    _ => run!(3, 4),
+                    (3, 4) => run!(3, 4),
+                    (1, 5) => run!(1, 5),
+                    (1, 6) => run!(1, 6),
+                    (1, 7) => run!(1, 7),
+                    (1, 8) => run!(1, 8),
+                    (2, 5) => run!(2, 5),
+                    (2, 6) => run!(2, 6),
+                    (2, 7) => run!(2, 7),
+                    _ => run!(2, 8),
                 }
             }
         }
@@ -371,13 +372,14 @@ mod tests {
 
     /// The decode step, fused runs (where the machine has them) and unfused tiles, against the
     /// reference, for every group size the runs take whole (1–3) or in parts (4, 7), values 16
-    /// to 64 wide (the fused widths) and 80 (unfused only), positions that end mid-run and
+    /// to 128 wide (the fused widths, in groups of three heads to 64, two beyond) and 144
+    /// (unfused only), positions that end mid-run and
     /// shares of 1–3 threads, over f32 and f16 caches, with and without f16 probabilities.
     #[test]
     fn decode_steps_fused_and_unfused_match_the_reference() {
         let mut rng = Rng::new(31);
         for (hq, hkv) in [(3, 3), (4, 2), (9, 3), (8, 2), (7, 1)] {
-            for d in [16, 48, 64, 80] {
+            for d in [16, 48, 64, 80, 128, 144] {
                 for s in [64, 77, 300] {
                     let q = rng.normals(hq * d, 1.0);
                     let mut f16_values = || {
