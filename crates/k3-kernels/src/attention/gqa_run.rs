@@ -16,7 +16,9 @@
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-/// Positions per run: one 16-lane vector of scores per query head.
+/// Positions per run: one 16-lane vector of scores per query head. The unfused form's scores
+/// walk their tiles in runs of as many, every KV head's part of a run before the next run, so
+/// that the cache rows come from memory whole and in order.
 pub(super) const RUN: usize = 16;
 
 /// Widest values the fused form holds in registers: G · dv / 16 ≤ 16 accumulators, so up to
@@ -32,11 +34,12 @@ pub(super) fn rows_at_once(dv: usize) -> usize {
     }
 }
 
-/// A KV head's share state for G query heads: outputs [G, dv], running maxima [G] and sums
-/// [G, 16] (16 lanes a head, summed when the share ends).
+/// What a run reads and updates: G query rows, the run's key and value rows, and the KV head's
+/// share state for those heads: outputs [G, dv], running maxima [G] and sums [G, 16] (16 lanes a
+/// head, summed when the share ends).
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
-pub(super) struct Heads {
+pub(super) struct Operands {
     /// The G query rows (rounded to f16 when the probabilities are), [G, dk].
     pub q: *const f32,
     pub dk: usize,
@@ -64,7 +67,7 @@ pub(super) struct Heads {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,fma")]
 pub(super) unsafe fn run<const G: usize, const DV16: usize, const F16: bool>(
-    h: Heads,
+    h: Operands,
     n: usize,
     scale: f32,
     f16_p: bool,

@@ -5,7 +5,8 @@
 //! GQA's. A share's rows are every query head (MLA: all heads against the one latent cache; GQA:
 //! each KV head's G query heads in turn), its statistics laid out [share, row].
 
-use super::{gqa_run, Heads, OutPtr, Rows};
+use super::gqa_run::{self, RUN};
+use super::{Heads, OutPtr, Rows};
 use std::ops::Range;
 
 /// Fewest visible positions at which a one-token step splits them over the threads.
@@ -23,10 +24,6 @@ pub(crate) const GQA_SPLIT_MIN: usize = 64;
 /// 640 bytes in f16, 160 KB) stay in L2 between its scores and its values, so the share streams
 /// from memory once.
 pub(crate) const TILE: usize = 256;
-
-/// Positions per run of [`gqa_decode_split`]'s scores: every KV head's part of a run before
-/// the next run (the run's whole key rows, 16 × 384 bytes at SmolLM2's shape in f16).
-const RUN: usize = 16;
 
 /// A share's scores against a tile of positions: adds `rows` rows of scores for the positions
 /// into a zeroed [rows, |positions|] block.
@@ -194,12 +191,8 @@ pub(crate) fn gqa_decode_split(
                 let vs = p0 * hkv * dv..p1 * hkv * dv;
                 for kvh in 0..hkv {
                     if pf {
-                        let part = |r: &Range<usize>| {
-                            let len = r.len().div_ceil(hkv);
-                            (r.start + kvh * len).min(r.end)..(r.start + (kvh + 1) * len).min(r.end)
-                        };
-                        kc.prefetch(part(&ks));
-                        vc.prefetch(part(&vs));
+                        kc.prefetch(head_share(&ks, kvh, hkv));
+                        vc.prefetch(head_share(&vs, kvh, hkv));
                     }
                     let (rows, first) = (&a[kvh * g * dk..(kvh + 1) * g * dk], ((js.start + j0) * hkv + kvh) * dk);
                     let b = &mut block[kvh * g * n + j0..(kvh + 1) * g * n];
@@ -228,6 +221,13 @@ pub(crate) fn gqa_decode_split(
     combine_shares(&mut out[..hq * dv], &maxes, &sums, &partial, dv);
 }
 
+/// KV head kvh's share (of hkv, in order) of the cache range `r`, for its part of a run's
+/// prefetches.
+fn head_share(r: &Range<usize>, kvh: usize, hkv: usize) -> Range<usize> {
+    let len = r.len().div_ceil(hkv);
+    (r.start + kvh * len).min(r.end)..(r.start + (kvh + 1) * len).min(r.end)
+}
+
 /// Whether [`fused_share`] can take a GQA decode step: AVX-512 present, values no wider than
 /// [`gqa_run::MAX_DV`] in 16-lane steps.
 pub(super) fn fused_fits(dv: usize) -> bool {
@@ -251,7 +251,7 @@ pub fn set_gqa_fused(on: bool) {
     FUSED.set(on);
 }
 
-/// One share's pass over positions `js` in runs of [`gqa_run::RUN`], every KV head's part of a
+/// One share's pass over positions `js` in runs of [`RUN`], every KV head's part of a
 /// run before the next run (the run's key and value rows come from memory whole and in order),
 /// each KV head's query heads in groups of at most three, two past 64 values
 /// ([`gqa_run::rows_at_once`], [`gqa_run::run`]), their outputs,
@@ -290,21 +290,20 @@ unsafe fn fused_share(
     let elem = if f16 { 2 } else { 4 };
     let at_once = gqa_run::rows_at_once(dv);
     let mut lanes = vec![0f32; hq * 16];
-    for j0 in js.clone().step_by(gqa_run::RUN) {
-        let n = gqa_run::RUN.min(js.end - j0);
+    for j0 in js.clone().step_by(RUN) {
+        let n = RUN.min(js.end - j0);
         let ahead = |w: usize| {
             let at = |j: usize| j.min(js.end) * hkv * w;
-            at(j0 + 2 * gqa_run::RUN)..at(j0 + 3 * gqa_run::RUN)
+            at(j0 + 2 * RUN)..at(j0 + 3 * RUN)
         };
         let (ks, vs) = (ahead(dk), ahead(dv));
         for kvh in 0..hkv {
             // This KV head's share of the keys and values two runs ahead, in bytes, issued by
             // the run of its first group of query heads.
             let part = |r: &Range<usize>, base: *const u8| {
-                let len = r.len().div_ceil(hkv);
-                let (a, b) = ((r.start + kvh * len).min(r.end), (r.start + (kvh + 1) * len).min(r.end));
+                let r = head_share(r, kvh, hkv);
                 if pf {
-                    (base.add(a * elem), (b - a) * elem)
+                    (base.add(r.start * elem), r.len() * elem)
                 } else {
                     (base, 0)
                 }
@@ -313,7 +312,7 @@ unsafe fn fused_share(
             for r0 in (0..g).step_by(at_once) {
                 let ahead = if r0 == 0 { ahead } else { [(kp, 0), (vp, 0)] };
                 let row = kvh * g + r0;
-                let h = gqa_run::Heads {
+                let h = gqa_run::Operands {
                     q: a.as_ptr().add(row * dk),
                     dk,
                     keys: kp.add((j0 * hkv + kvh) * dk * elem),
@@ -355,7 +354,8 @@ unsafe fn fused_share(
                     (2, 5) => run!(2, 5),
                     (2, 6) => run!(2, 6),
                     (2, 7) => run!(2, 7),
-                    _ => run!(2, 8),
+                    (2, 8) => run!(2, 8),
+                    (rows, dv16) => unreachable!("gqa decode: no fused run for {rows} heads of {dv16} × 16 values"),
                 }
             }
         }
