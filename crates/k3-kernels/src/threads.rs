@@ -103,6 +103,23 @@ fn work(job: &Job) {
 thread_local! {
     /// Set on the pool's own threads, so a task can tell whether the caller runs it.
     static ON_WORKER: Cell<bool> = const { Cell::new(false) };
+    /// Set on the caller while it runs its part of a job spread over several threads.
+    static SHARING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the calling thread is running a task of a job spread over several threads (the
+/// pool's workers run nothing else), so that its memory traffic shares the machine with the
+/// job's other threads; false for a job run on its caller alone.
+pub fn in_shared_job() -> bool {
+    ON_WORKER.with(|w| w.get()) || SHARING.with(|s| s.get())
+}
+
+/// `f` on the caller as its part of a job spread over several threads ([`in_shared_job`]).
+fn sharing<R>(f: impl FnOnce() -> R) -> R {
+    let was = SHARING.with(|s| s.replace(true));
+    let r = f();
+    SHARING.with(|s| s.set(was));
+    r
 }
 
 /// The first worker's side of a posted pair (`state` as it read it): claim task 1 and run it,
@@ -247,7 +264,7 @@ impl Pool {
         if sleepers > 0 {
             sh.wake.notify_all();
         }
-        work(&job);
+        sharing(|| work(&job));
         while job.remaining.load(Ordering::Acquire) > 0 {
             std::hint::spin_loop();
         }
@@ -261,24 +278,34 @@ impl Pool {
     }
 }
 
-/// An engine choice that is on unless the environment variable `var` reads `off`, read once,
-/// and settable for the rest of the process (in-process A/B measurements).
+/// An engine choice that is off when the environment variable `var` reads `off`, on when it
+/// reads anything else, and otherwise on (or what its default function says); read once, and
+/// settable for the rest of the process (in-process A/B measurements).
 pub struct Switch {
     /// 0 off, 1 on, 2 not read yet.
     state: AtomicU32,
     var: &'static str,
     off: &'static str,
+    default: fn() -> bool,
 }
 
 impl Switch {
     pub const fn new(var: &'static str, off: &'static str) -> Self {
-        Self { state: AtomicU32::new(2), var, off }
+        Self::by_default(var, off, || true)
+    }
+
+    /// A switch whose setting without `var` depends on the machine (`default`, asked once).
+    pub const fn by_default(var: &'static str, off: &'static str, default: fn() -> bool) -> Self {
+        Self { state: AtomicU32::new(2), var, off, default }
     }
 
     pub fn on(&self) -> bool {
         match self.state.load(Ordering::Relaxed) {
             2 => {
-                let on = !std::env::var(self.var).is_ok_and(|v| v.trim() == self.off);
+                let on = match std::env::var(self.var) {
+                    Ok(v) if !v.trim().is_empty() => v.trim() != self.off,
+                    _ => (self.default)(),
+                };
                 self.set(on);
                 on
             }
@@ -326,7 +353,7 @@ impl Pool {
             let _slot = sh.slot.lock().unwrap_or_else(|e| e.into_inner());
             sh.wake.notify_all();
         }
-        let mut panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(0))).is_err();
+        let mut panicked = sharing(|| std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(0))).is_err());
         let mine = epoch().elapsed().as_nanos() as u64;
         // Take task 1 back only if the worker has neither finished nor claimed it; look first,
         // so that the usual case reads the worker's lines instead of pulling the post back.
@@ -580,6 +607,18 @@ unsafe impl<T: Send> Sync for SendPtr<T> {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tasks_know_whether_their_job_is_shared() {
+        let pool = Pool::new(1);
+        for (threads, shared) in [(1, false), (2, true)] {
+            let seen: Vec<AtomicUsize> = (0..3).map(|_| AtomicUsize::new(9)).collect();
+            pool.run(threads, 3, &|i| seen[i].store(usize::from(in_shared_job()), Ordering::Relaxed));
+            let seen: Vec<usize> = seen.iter().map(|s| s.load(Ordering::Relaxed)).collect();
+            assert_eq!(seen, vec![usize::from(shared); 3], "{threads} thread(s)");
+            assert!(!in_shared_job(), "the caller after a job of {threads} thread(s)");
+        }
+    }
 
     #[test]
     fn pool_runs_every_task_once_from_many_callers() {

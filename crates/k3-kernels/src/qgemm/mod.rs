@@ -552,6 +552,45 @@ pub fn set_band_prefetch(on: bool) {
     BAND_PREFETCH.set(on);
 }
 
+/// Whether a decode-sized product also prefetches its codes [`rows16`]'s far distance ahead
+/// into L2, besides the near prefetch into L1 that every product issues. Always where its job
+/// is spread over several threads ([`crate::threads::in_shared_job`]); where one thread runs
+/// the whole product, on Intel CPUs but not on AMD's ([`FAR_PREFETCH_ALONE`]).
+pub fn far_prefetch() -> bool {
+    FAR_PREFETCH_ALONE.on() || crate::threads::in_shared_job()
+}
+
+/// [`far_prefetch`] for a product that one thread runs alone: on by default on Intel CPUs,
+/// where the far prefetch was measured to pay at 1 thread (`rows16`'s `FAR_BYTES`), off on
+/// AMD's, whose own L2 prefetcher it got in the way of there (Zen 4: the 370M's decode at 1
+/// thread 1.02–1.07× without it in five in-process A/Bs, while at 2 threads it made no
+/// difference outside the noise; Zen 3, AVX2 only, is taken to be alike, not measured).
+/// `K3MINI_FAR_PREFETCH_ALONE=1` or `=0` sets it on any CPU.
+static FAR_PREFETCH_ALONE: crate::threads::Switch =
+    crate::threads::Switch::by_default("K3MINI_FAR_PREFETCH_ALONE", "0", || !amd_cpu());
+
+/// Whether [`FAR_PREFETCH_ALONE`] is on.
+pub fn far_prefetch_alone() -> bool {
+    FAR_PREFETCH_ALONE.on()
+}
+
+/// Set [`FAR_PREFETCH_ALONE`] for the rest of the process (in-process A/B measurements).
+pub fn set_far_prefetch_alone(on: bool) {
+    FAR_PREFETCH_ALONE.set(on);
+}
+
+/// Whether the CPU's vendor string (CPUID leaf 0) is AMD's.
+pub fn amd_cpu() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let id = std::arch::x86_64::__cpuid(0);
+        // The vendor string's 12 bytes are in EBX, EDX, ECX, in that order.
+        [id.ebx, id.edx, id.ecx].iter().flat_map(|r| r.to_le_bytes()).eq(*b"AuthenticAMD")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// Before a task of a product over `t` tokens runs one band, the band it runs next: for
 /// products that stream their weights once (decode, a few sequences), that band's first codes
 /// and scales into L2 ([`rows16::prefetch_band`]); else nothing.

@@ -421,3 +421,12 @@ fn array_from_calls_f_once_per_index_in_order() {
     let empty: [u8; 0] = array_from(|_| unreachable!("no index for an empty array"));
     assert!(empty.is_empty());
 }
+
+#[test]
+fn the_cpu_vendor_matches_the_kernel_s() {
+    // Linux names the vendor in /proc/cpuinfo; elsewhere there is nothing to compare against.
+    let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else { return };
+    let Some(vendor) = info.lines().find_map(|l| l.strip_prefix("vendor_id")) else { return };
+    let vendor = vendor.trim_start_matches([' ', '\t', ':']).trim();
+    assert_eq!(amd_cpu(), vendor == "AuthenticAMD", "vendor_id {vendor:?}");
+}

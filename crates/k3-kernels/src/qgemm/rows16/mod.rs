@@ -197,7 +197,7 @@ struct Operands<const C: usize> {
     dx: [*const f32; C],
     sx: [*const f32; C],
     /// A product over few tokens ([`FAR_MAX_TOKENS`]): its weights stream from memory once, so
-    /// the tile also prefetches [`FAR_BYTES`] ahead into L2.
+    /// the tile also prefetches [`FAR_BYTES`] ahead into L2 (where [`super::far_prefetch`]).
     far: bool,
 }
 
@@ -216,7 +216,7 @@ impl<const C: usize> Operands<C> {
             xq: array_from(|c| a.qs.as_ptr().add((t0 + c) * n * BLOCK)),
             dx: array_from(|c| a.d.as_ptr().add((t0 + c) * n)),
             sx: array_from(|c| a.s_for(w.kind, t0 + c).as_ptr()),
-            far: a.t <= FAR_MAX_TOKENS,
+            far: a.t <= FAR_MAX_TOKENS && super::far_prefetch(),
         }
     }
 
@@ -263,7 +263,10 @@ const PF_BYTES: usize = 8 * GROUP_BLOCK;
 /// Rapids class host of 2026-12-03 (13–15 GB/s a core), the 370M's Q4_0 decode at 1 thread went
 /// from 42–47 to 49–59 tok/s with 8 KiB (4 and 6 KiB: 46–50; alternating runs,
 /// `examples/prefill_profile MODEL 64 1 2 1`), and `examples/gemv_stream 1` from 72–90% to
-/// 79–99% of the prefetching read probe.
+/// 79–99% of the prefetching read probe. On the Zen 4 host (2026-12-07) the same prefetch made
+/// a product that one thread runs alone slower (`gemv_stream 1 24 q4_0 engine evict`: 73–79%
+/// of the probe with it, 80–85% without), so there it is issued only by products spread over
+/// several threads ([`super::far_prefetch`]).
 #[cfg(target_arch = "x86_64")]
 const FAR_BYTES: usize = 32 * GROUP_BLOCK;
 
