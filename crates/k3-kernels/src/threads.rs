@@ -110,6 +110,7 @@ thread_local! {
 /// Whether the calling thread is running a task of a job spread over several threads (the
 /// pool's workers run nothing else), so that its memory traffic shares the machine with the
 /// job's other threads; false for a job run on its caller alone.
+#[inline]
 pub fn in_shared_job() -> bool {
     ON_WORKER.with(|w| w.get()) || SHARING.with(|s| s.get())
 }
@@ -299,18 +300,23 @@ impl Switch {
         Self { state: AtomicU32::new(2), var, off, default }
     }
 
+    #[inline]
     pub fn on(&self) -> bool {
         match self.state.load(Ordering::Relaxed) {
-            2 => {
-                let on = match std::env::var(self.var) {
-                    Ok(v) if !v.trim().is_empty() => v.trim() != self.off,
-                    _ => (self.default)(),
-                };
-                self.set(on);
-                on
-            }
+            2 => self.read(),
             v => v == 1,
         }
+    }
+
+    /// The first [`Switch::on`]: the environment (or the default) read and kept.
+    #[cold]
+    fn read(&self) -> bool {
+        let on = match std::env::var(self.var) {
+            Ok(v) if !v.trim().is_empty() => v.trim() != self.off,
+            _ => (self.default)(),
+        };
+        self.set(on);
+        on
     }
 
     pub fn set(&self, on: bool) {

@@ -556,6 +556,7 @@ pub fn set_band_prefetch(on: bool) {
 /// into L2, besides the near prefetch into L1 that every product issues. Always where its job
 /// is spread over several threads ([`crate::threads::in_shared_job`]); where one thread runs
 /// the whole product, on Intel CPUs but not on AMD's ([`FAR_PREFETCH_ALONE`]).
+#[inline]
 pub fn far_prefetch() -> bool {
     FAR_PREFETCH_ALONE.on() || crate::threads::in_shared_job()
 }
