@@ -564,7 +564,7 @@ pub fn far_prefetch() -> bool {
 /// [`far_prefetch`] for a product that one thread runs alone: on by default on Intel CPUs,
 /// where the far prefetch was measured to pay at 1 thread (`rows16`'s `FAR_BYTES`), off on
 /// AMD's, whose own L2 prefetcher it got in the way of there (Zen 4: the 370M's decode at 1
-/// thread 1.02–1.07× without it in five in-process A/Bs, while at 2 threads it made no
+/// thread 1.02–1.07× without it in four in-process A/Bs, while at 2 threads it made no
 /// difference outside the noise; Zen 3, AVX2 only, is taken to be alike, not measured).
 /// `K3MINI_FAR_PREFETCH_ALONE=1` or `=0` sets it on any CPU.
 static FAR_PREFETCH_ALONE: crate::threads::Switch =

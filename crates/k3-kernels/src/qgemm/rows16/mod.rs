@@ -264,7 +264,7 @@ const PF_BYTES: usize = 8 * GROUP_BLOCK;
 /// from 42–47 to 49–59 tok/s with 8 KiB (4 and 6 KiB: 46–50; alternating runs,
 /// `examples/prefill_profile MODEL 64 1 2 1`), and `examples/gemv_stream 1` from 72–90% to
 /// 79–99% of the prefetching read probe. On the Zen 4 host (2026-12-07) the same prefetch made
-/// a product that one thread runs alone slower (`gemv_stream 1 24 q4_0 engine evict`: 73–79%
+/// a product that one thread runs alone slower (`gemv_stream 1 24 q4_0 engine evict`: 72–79%
 /// of the probe with it, 80–85% without), so there it is issued only by products spread over
 /// several threads ([`super::far_prefetch`]).
 #[cfg(target_arch = "x86_64")]
