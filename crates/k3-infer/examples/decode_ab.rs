@@ -1,17 +1,18 @@
 //! In-process A/B of decode variants: one model, one sequence (first prefilled with CONTEXT
 //! tokens, default none), decoded in blocks of BLOCK tokens with the variant switched between
 //! blocks and the order rotated every round, so that the host's drift (minutes long here) hits
-//! every variant alike. A variant is `C`, `CL`, `CLS`, `CLSP`, `CLSPK`, `CLSPKH`, `CLSPKHF` or `CLSPKHFR`: C the allocator's
-//! per-thread cache (`k3_infer::alloc`), L the lean hand-off of two-task jobs
-//! (`k3_kernels::threads::set_lean_pairs`), S each job site's own balance, P each decode task's
-//! next band prefetched (`k3_kernels::qgemm::set_band_prefetch`), K the attention kernels'
-//! cache prefetches (`k3_kernels::simd_keys::set_cache_prefetch`), H the attention caches grown
-//! onto huge pages (`k3_infer::kv::set_kv_hugepages`), F GQA decode's fused runs
-//! (`k3_kernels::attention::set_gqa_fused`), R the far prefetch into L2 of decode
-//! products that one thread runs alone (`k3_kernels::qgemm::set_far_prefetch_alone`), each 0 (off) or 1 (on); L, S, P, K, H and F on when
-//! not given, R as the CPU's default (`K3MINI_FAR_PREFETCH_ALONE`). With variants that differ in H, two sequences are decoded, one whose
-//! caches grew on huge pages and one whose did not (each prefilled to CONTEXT), each variant
-//! advancing its own.
+//! every variant alike. A variant is `C`, `CL`, `CLS`, `CLSP`, `CLSPK`, `CLSPKH`, `CLSPKHF` or
+//! `CLSPKHFR`: C the allocator's per-thread cache (`k3_infer::alloc`), L the lean hand-off of
+//! two-task jobs (`k3_kernels::threads::set_lean_pairs`), S each job site's own balance, P each
+//! decode task's next band prefetched (`k3_kernels::qgemm::set_band_prefetch`), K the attention
+//! kernels' cache prefetches (`k3_kernels::simd_keys::set_cache_prefetch`), H the attention
+//! caches grown onto huge pages (`k3_infer::kv::set_kv_hugepages`), F GQA decode's fused runs
+//! (`k3_kernels::attention::set_gqa_fused`), R the far prefetch into L2 of decode products that
+//! one thread runs alone (`k3_kernels::qgemm::set_far_prefetch_alone`); each 0 (off) or 1 (on).
+//! L, S, P, K, H and F are on when not given, R as the CPU's default
+//! (`K3MINI_FAR_PREFETCH_ALONE`). With variants that differ in H, two sequences are decoded, one
+//! whose caches grew on huge pages and one whose did not (each prefilled to CONTEXT), each
+//! variant advancing its own.
 //!
 //!   cargo run --release -p k3-infer --example decode_ab MODEL [THREADS] [BLOCK] [ROUNDS] [VARIANTS] [CONTEXT]
 //!
