@@ -450,16 +450,19 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
     let weight_bytes = weight_bytes_per_token(&a.model)? as usize;
     let huge = k3_infer::hugepages::huge_bytes();
     let isa = k3_kernels::qgemm::Isa::best();
+    let far_alone = k3_kernels::qgemm::far_prefetch_alone();
     println!(
         "model {} ({:.1} MiB of weights read per decoded token), ids: {longest} pseudo-random, median of {} \
          repeats, the engines alternating (ratio: the median of the per-repeat ratios); \
-         our kernels: {} for prefill, {} for decode (K3MINI_ISA overrides); prompts in passes of up to {} tokens \
+         our kernels: {} for prefill, {} for decode (K3MINI_ISA overrides), decode's weights also prefetched \
+         into L2 {} (K3MINI_FAR_PREFETCH_ALONE overrides); prompts in passes of up to {} tokens \
          (ours), 512 (llama.cpp's n_ubatch, its default)",
         a.model.display(),
         weight_bytes as f64 / (1 << 20) as f64,
         a.repeat,
         isa.name(),
         isa.for_tokens(1).name(),
+        if far_alone { "by every product" } else { "by products shared by several threads" },
         k3_infer::model::PREFILL_CHUNK
     );
     match huge {
@@ -592,6 +595,7 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
     if let Some(p) = &a.json {
         let j = json!({"model": a.model.display().to_string(), "weight_bytes_per_token": weight_bytes,
                        "isa_prefill": isa.name(), "isa_decode": isa.for_tokens(1).name(),
+                       "far_prefetch_alone": far_alone,
                        "peak_rss_mib_ours": rss, "start_rss_mib_ours": start_rss,
                        "huge_pages_mib_after_load": huge.map(|h| h as f64 / (1 << 20) as f64),
                        "huge_pages_seconds_after_load": promoted,
