@@ -82,7 +82,7 @@ unsafe fn scores8<const R: usize, const F16: bool, const N: usize>(at: Keys, pf:
     let mut kk = 0;
     while kk < k {
         let mk = ((1u32 << (k - kk).min(16)) - 1) as __mmask16;
-        let av: [__m512; R] = std::array::from_fn(|r| _mm512_maskz_loadu_ps(mk, pa.add(r * lda + kk)));
+        let av: [__m512; R] = std::array::from_fn(|r| crate::simd::x86::load_ps(mk, pa.add(r * lda + kk)));
         for q in 0..N {
             prefetch_key::<F16>(pf, pb, (q + AHEAD_KEYS) * ldb + kk, kk);
             let bv = crate::simd::x86::load_b::<F16>(pb, q * ldb + kk, mk);
@@ -249,7 +249,7 @@ unsafe fn nt_panel512<const F16: bool>(
                             crate::simd::x86::load_b::<F16>(pb, (j0 + q) * ldb + kk, mk)
                         });
                         for r in 0..$r {
-                            let av = _mm512_maskz_loadu_ps(mk, pa.add((i0 + r) * lda + kk));
+                            let av = crate::simd::x86::load_ps(mk, pa.add((i0 + r) * lda + kk));
                             for q in 0..$c {
                                 acc[r][q] = _mm512_fmadd_ps(av, bv[q], acc[r][q]);
                             }
