@@ -140,7 +140,7 @@ const MAP_FROM: usize = 64 << 10;
 
 /// Whether caches move onto huge pages ([`Held`]; only with huge pages on at all,
 /// `K3MINI_HUGEPAGES`); `K3MINI_KV_HUGEPAGES=0` keeps them on the heap.
-static KV_HUGEPAGES: k3_kernels::threads::Switch = k3_kernels::threads::Switch::new("K3MINI_KV_HUGEPAGES", "0");
+static KV_HUGEPAGES: k3_kernels::switch::Switch = k3_kernels::switch::Switch::new("K3MINI_KV_HUGEPAGES", "0");
 
 /// Set [`KV_HUGEPAGES`] for the rest of the process (in-process A/B measurements: it applies to
 /// the caches that grow from then on).

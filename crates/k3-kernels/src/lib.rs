@@ -16,5 +16,6 @@ pub mod quant;
 pub mod simd;
 pub mod simd_avx2;
 pub mod simd_keys;
+pub mod switch;
 pub mod testing;
 pub mod threads;

@@ -333,17 +333,18 @@ pub(crate) mod x86 {
     }
 
     /// 16 values of B at element `idx` (lanes outside `mask` zero): f32, or f16 bits widened.
-    /// A whole mask takes a plain load. On the Zen 4 host the zero-masked 16-bit load was what
-    /// held MLA's decode scores back (8 heads against f16 latent rows, in L1/L2,
-    /// `examples/mla_products_speed`: 38.9 → 48.5 GMAC/s; plain loads of the f32 rows of A alone
-    /// gained nothing). The branch follows the loop's steps, so it predicts.
+    /// A whole step takes a plain load, as A's rows do in the score products ([`load_ps`]). On
+    /// the Zen 4 host the zero-masked loads held MLA's decode scores back (8 heads against f16
+    /// latent rows, in L1/L2, `examples/mla_products_speed`): 39 GMAC/s masked, 43 with the f16
+    /// rows alone plain, 48 with A's f32 rows plain too (A's alone: no gain). The branch follows
+    /// the loop's steps, so it predicts.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
     pub(crate) unsafe fn load_b<const F16: bool>(pb: *const u8, idx: usize, mask: __mmask16) -> __m512 {
-        match (F16, mask) {
-            (true, 0xFFFF) => _mm512_cvtph_ps(_mm256_loadu_si256(pb.add(2 * idx) as *const __m256i)),
-            (true, _) => _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, pb.add(2 * idx) as *const i16)),
-            (false, _) => load_ps(mask, pb.add(4 * idx) as *const f32),
+        match (mask, F16) {
+            (0xFFFF, true) => _mm512_cvtph_ps(_mm256_loadu_si256(pb.add(2 * idx) as *const __m256i)),
+            (0xFFFF, false) => _mm512_loadu_ps(pb.add(4 * idx) as *const f32),
+            _ => load_b_masked::<F16>(pb, idx, mask),
         }
     }
 

@@ -109,7 +109,7 @@ const AHEAD_KEYS: usize = 8;
 /// Whether the attention kernels prefetch a decode step's cache: the score tiles their keys
 /// ([`AHEAD_KEYS`]), GQA's runs the next run's keys and their values
 /// (`attention::split::gqa_decode_split`); `K3MINI_CACHE_PREFETCH=0` turns it off.
-static CACHE_PREFETCH: crate::threads::Switch = crate::threads::Switch::new("K3MINI_CACHE_PREFETCH", "0");
+static CACHE_PREFETCH: crate::switch::Switch = crate::switch::Switch::new("K3MINI_CACHE_PREFETCH", "0");
 
 /// Set [`CACHE_PREFETCH`] for the rest of the process (in-process A/B measurements).
 pub fn set_cache_prefetch(on: bool) {

@@ -244,7 +244,7 @@ pub(super) fn fused_on() -> bool {
 
 /// Whether GQA decode steps take the fused runs ([`gqa_run`]) where they fit;
 /// `K3MINI_GQA_FUSED=0` turns them off (the unfused tiles of [`online_share`]).
-static FUSED: crate::threads::Switch = crate::threads::Switch::new("K3MINI_GQA_FUSED", "0");
+static FUSED: crate::switch::Switch = crate::switch::Switch::new("K3MINI_GQA_FUSED", "0");
 
 /// Set [`FUSED`] for the rest of the process (in-process A/B measurements).
 pub fn set_gqa_fused(on: bool) {

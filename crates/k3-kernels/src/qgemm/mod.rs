@@ -545,7 +545,7 @@ pub fn gemm_rows(isa: Isa, w: &Packed, a: &QActs, lo: usize, hi: usize, out: &mu
 
 /// Whether decode tasks start each next band on its way ([`prefetch_next_band`]);
 /// `K3MINI_BAND_PREFETCH=0` turns it off.
-static BAND_PREFETCH: crate::threads::Switch = crate::threads::Switch::new("K3MINI_BAND_PREFETCH", "0");
+static BAND_PREFETCH: crate::switch::Switch = crate::switch::Switch::new("K3MINI_BAND_PREFETCH", "0");
 
 /// Set [`prefetch_next_band`]'s switch for the rest of the process (in-process A/B measurements).
 pub fn set_band_prefetch(on: bool) {
@@ -567,8 +567,8 @@ pub fn far_prefetch() -> bool {
 /// thread 1.02–1.07× without it in four in-process A/Bs, while at 2 threads it made no
 /// difference outside the noise; Zen 3, AVX2 only, is taken to be alike, not measured).
 /// `K3MINI_FAR_PREFETCH_ALONE=1` or `=0` sets it on any CPU.
-static FAR_PREFETCH_ALONE: crate::threads::Switch =
-    crate::threads::Switch::by_default("K3MINI_FAR_PREFETCH_ALONE", "0", || !amd_cpu());
+static FAR_PREFETCH_ALONE: crate::switch::Switch =
+    crate::switch::Switch::by_default("K3MINI_FAR_PREFETCH_ALONE", "0", || !amd_cpu());
 
 /// Whether [`FAR_PREFETCH_ALONE`] is on.
 pub fn far_prefetch_alone() -> bool {
