@@ -3,7 +3,7 @@
 use k3_config::Activation;
 use k3_kernels::ops;
 
-use k3_kernels::qgemm::{gemm_rows_out, prefetch_next_band, quantize_row, Isa, OutMat, QActs, BLOCK};
+use k3_kernels::qgemm::{gemm_rows_out, prefetch_next_band, quantize_row, Isa, OutMat, QActs, RowOut, BLOCK};
 use k3_kernels::threads::{pair_balance, Pool, SendPtr};
 
 use crate::linear::{packed_product, Compute, Matrix};
@@ -85,9 +85,7 @@ impl Mlp {
         let threads = if 2 * f * c < 1 << 15 { 1 } else { cx.threads.max(1) };
         let n = threads.min(nb); // a band a thread, as linear::tasks_per_thread has for one token
         let (gptr, uptr) = (SendPtr(g.as_mut_ptr()), SendPtr(u.as_mut_ptr()));
-        let (qs, d) = (SendPtr(down_in.qs.as_mut_ptr()), SendPtr(down_in.d.as_mut_ptr()));
-        let (s, s16) = (SendPtr(down_in.s.as_mut_ptr()), SendPtr(down_in.s16.as_mut_ptr()));
-        let hs = SendPtr(down_in.hs.as_mut_ptr());
+        let down_ptr = SendPtr(&mut down_in as *mut QActs);
         let isa = Isa::best().for_tokens(1);
         // Two bands are a pair: the caller's first, at the share the balance has learned.
         let bal = pair_balance(&gp.pair);
@@ -99,22 +97,18 @@ impl Mlp {
             // SAFETY: task i alone writes rows lo..hi of g and u and blocks b0..b1 of the down
             // input (the bands partition 0..F); every pointer outlives the job; the packed rows
             // lo..hi exist (hi ≤ F) and start on their row tiles (BLOCK is a multiple of them).
-            let (gb, ub, q, dq, sq, s16q, hsq) = unsafe {
+            let (gb, ub, blocks) = unsafe {
                 prefetch_next_band(upp, lo, hi, 1);
                 gemm_rows_out(isa, gp, &acts, lo, hi, OutMat { ptr: gptr.get().add(lo), rs: 1, cs: f });
                 gemm_rows_out(isa, upp, &acts, lo, hi, OutMat { ptr: uptr.get().add(lo), rs: 1, cs: f });
                 (
                     std::slice::from_raw_parts_mut(gptr.get().add(lo), hi - lo),
                     std::slice::from_raw_parts(uptr.get().add(lo), hi - lo),
-                    std::slice::from_raw_parts_mut(qs.get().add(lo), hi - lo),
-                    std::slice::from_raw_parts_mut(d.get().add(b0), b1 - b0),
-                    std::slice::from_raw_parts_mut(s.get().add(b0), b1 - b0),
-                    std::slice::from_raw_parts_mut(s16.get().add(b0), b1 - b0),
-                    std::slice::from_raw_parts_mut(hs.get().add(2 * b0), 2 * (b1 - b0)),
+                    RowOut::blocks(down_ptr.get(), 0, b0, b1),
                 )
             };
             glu_inplace(gb, ub, self.act);
-            quantize_row(gb, q, dq, sq, s16q, hsq);
+            quantize_row(gb, blocks);
         };
         if n == 2 {
             Pool::global().run_pair(bal, cut as f32 / nb as f32, &task);

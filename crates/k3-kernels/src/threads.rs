@@ -556,8 +556,14 @@ pub fn par_rows(buf: &mut [f32], width: usize, threads: usize, f: impl Fn(usize,
 
 /// A raw pointer shared with the tasks of one `Pool::run`, each of which writes only its own,
 /// disjoint elements (row blocks, output columns).
-#[derive(Clone, Copy)]
 pub struct SendPtr<T>(pub *mut T);
+// By hand: a derive would ask T itself to be Copy.
+impl<T> Clone for SendPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SendPtr<T> {}
 impl<T> SendPtr<T> {
     pub fn get(self) -> *mut T {
         self.0

@@ -26,7 +26,7 @@ mod amx;
 mod pack;
 pub mod rows16;
 mod scalar;
-pub use acts::{quantize_row, quantize_row_ref, QActs};
+pub use acts::{quantize_row, quantize_row_ref, QActs, RowOut};
 #[cfg(target_arch = "x86_64")]
 mod x86;
 

@@ -5,6 +5,34 @@ use super::*;
 use crate::hugebuf::Place;
 use crate::testing::Rng;
 
+/// One activation row's arrays, owned.
+struct Row {
+    qs: Vec<i8>,
+    d: Vec<f32>,
+    s: Vec<f32>,
+    s16: Vec<f32>,
+    hs: Vec<f32>,
+    o8: Vec<i32>,
+}
+
+impl Row {
+    fn new(nb: usize) -> Row {
+        let f = || vec![0f32; nb];
+        Row { qs: vec![0; nb * BLOCK], d: f(), s: f(), s16: f(), hs: vec![0.0; 2 * nb], o8: vec![0; nb] }
+    }
+
+    fn out(&mut self) -> RowOut<'_> {
+        RowOut {
+            qs: &mut self.qs,
+            d: &mut self.d,
+            s: &mut self.s,
+            s16: &mut self.s16,
+            hs: &mut self.hs,
+            o8: &mut self.o8,
+        }
+    }
+}
+
 #[test]
 fn the_simd_quantizer_gives_the_reference_bits() {
     let mut rng = Rng::new(21);
@@ -17,20 +45,22 @@ fn the_simd_quantizer_gives_the_reference_bits() {
     for threads in [1, 2] {
         let a = QActs::quantize_threads(&x, t, cols, threads);
         for r in 0..t {
-            let (mut qs, mut d, mut s, mut s16) = (vec![0i8; cols], vec![0f32; nb], vec![0f32; nb], vec![0f32; nb]);
-            let mut hs = vec![0f32; 2 * nb];
-            quantize_row_ref(&x[r * cols..(r + 1) * cols], &mut qs, &mut d, &mut s, &mut s16, &mut hs);
+            let mut row = Row::new(nb);
+            quantize_row_ref(&x[r * cols..(r + 1) * cols], row.out());
+            let Row { qs, d, s, s16, hs, o8 } = row;
             assert_eq!(&a.qs[r * a.nbp * BLOCK..r * a.nbp * BLOCK + cols], &qs[..], "codes, row {r}");
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&a.d[r * a.nbp..r * a.nbp + nb]), bits(&d), "d, row {r}");
             assert_eq!(bits(&a.s[r * a.nbp..r * a.nbp + nb]), bits(&s), "s, row {r}");
             assert_eq!(bits(&a.s16[r * a.nbp..r * a.nbp + nb]), bits(&s16), "s16, row {r}");
             assert_eq!(bits(&a.hs[2 * r * a.nbp..2 * r * a.nbp + 2 * nb]), bits(&hs), "hs, row {r}");
+            assert_eq!(&a.o8[r * a.nbp..r * a.nbp + nb], &o8[..], "o8, row {r}");
             for b in 0..nb {
                 let half =
                     |h: usize| qs[b * BLOCK + 16 * h..b * BLOCK + 16 * h + 16].iter().map(|&q| q as i32).sum::<i32>();
                 assert_eq!(hs[2 * b], d[b] * half(0) as f32, "hs, row {r} block {b}");
                 assert_eq!(hs[2 * b + 1], d[b] * half(1) as f32, "hs, row {r} block {b}");
+                assert_eq!(o8[b], -8 * (half(0) + half(1)), "o8, row {r} block {b}");
             }
         }
     }
@@ -60,7 +90,7 @@ fn every_simd_quantizer_gives_the_reference_bits_at(cols: usize) {
         x[at + 100] = 3e7; // d past f16's largest: infinite, as ggml stores it
         x[at + 128..at + 160].iter_mut().for_each(|v| *v *= 1e-6); // d an f16 subnormal
     }
-    type Quantizer = unsafe fn(&[f32], &mut [i8], &mut [f32], &mut [f32], &mut [f32], &mut [f32]);
+    type Quantizer = unsafe fn(&[f32], RowOut);
     let mut paths: Vec<(&str, Quantizer)> = Vec::new();
     if Isa::Avx2.supported() {
         paths.push(("avx2", super::x86::quantize_row256));
@@ -69,11 +99,10 @@ fn every_simd_quantizer_gives_the_reference_bits_at(cols: usize) {
         paths.push(("avx512", super::x86::quantize_row512));
     }
     let run = |f: Quantizer| {
-        let (mut qs, mut d, mut s, mut s16, mut hs) =
-            (vec![0i8; cols], vec![0f32; nb], vec![0f32; nb], vec![0f32; nb], vec![0f32; 2 * nb]);
-        unsafe { f(&x, &mut qs, &mut d, &mut s, &mut s16, &mut hs) };
+        let mut row = Row::new(nb);
+        unsafe { f(&x, row.out()) };
         let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-        (qs, bits(&d), bits(&s), bits(&s16), bits(&hs))
+        (row.qs, bits(&row.d), bits(&row.s), bits(&row.s16), bits(&row.hs), row.o8)
     };
     let want = run(quantize_row_ref);
     for (name, f) in paths {
@@ -96,7 +125,7 @@ fn selected_rows_are_those_rows_quantized() {
         let (got, want) = (all.select_rows(&rows), QActs::quantize(&gathered, rows.len(), cols));
         assert_eq!((got.t, got.nbp), (want.t, want.nbp));
         assert!(got.qs == want.qs && got.d == want.d && got.s == want.s, "{} rows", rows.len());
-        assert!(got.s16 == want.s16 && got.hs == want.hs, "{} rows", rows.len());
+        assert!(got.s16 == want.s16 && got.hs == want.hs && got.o8 == want.o8, "{} rows", rows.len());
     }
 }
 
@@ -132,6 +161,47 @@ fn long_prefills_cross_token_blocks() {
             gemm_rows(isa, &p, &a, 0, rows, &mut got);
             for (i, (g, e)) in got.iter().zip(&want).enumerate() {
                 assert!((g - e).abs() <= 2e-3 * (1.0 + e.abs()), "{} {} elem {i}: {g} vs {e}", ty.name(), isa.name());
+            }
+        }
+    }
+}
+
+/// Q4_0's VNNI tiles start each block's integer sums from the activations' −8·Σq (`QActs::o8`)
+/// where the AVX-512 BW tiles add −8·s in f32: both round d_x·(dot − 8·Σq) once, so they give
+/// the same bits, for every token count's tile (one token with the high nibbles in place, two
+/// and three in two sets of sums, four and more in one) and through both output layouts (rows
+/// one float apart take one masked store a group; rows a token apart, scalar ones), partial row
+/// groups and odd block counts included.
+#[test]
+fn q4_0_vnni_tiles_fold_the_offset_into_the_same_bits() {
+    if !(Isa::Avx512Vnni.supported() && Isa::Avx512.supported()) {
+        eprintln!("skipped: this CPU lacks AVX-512 VNNI");
+        return;
+    }
+    let mut rng = Rng::new(31);
+    let ty = GgmlType::Q4_0;
+    for (rows, cols) in [(80, 1024), (37, 224), (256, 96)] {
+        let w = rng.normals(rows * cols, 0.4);
+        let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
+        let p = Packed::pack_as(ty, rows, cols, &data, Layout::Rows16, Place::Heap).expect("a 16-row type");
+        for t in [1, 2, 3, 4, 7, 8, 11] {
+            let a = QActs::quantize(&rng.normals(t * cols, 1.5), t, cols);
+            let run = |isa: Isa, token_major: bool| {
+                let mut y = vec![f32::NAN; rows * t];
+                // SAFETY: y holds [T, rows] (token-major) or [rows, T], every element its own.
+                unsafe {
+                    let out = if token_major {
+                        OutMat::token_major(y.as_mut_ptr(), 0, rows)
+                    } else {
+                        OutMat { ptr: y.as_mut_ptr(), rs: t, cs: 1 }
+                    };
+                    gemm_rows_out(isa, &p, &a, 0, rows, out);
+                }
+                y.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            };
+            for token_major in [true, false] {
+                let (vnni, bw) = (run(Isa::Avx512Vnni, token_major), run(Isa::Avx512, token_major));
+                assert!(vnni == bw, "{rows} x {cols}, T = {t}, token-major {token_major}: VNNI and BW bits differ");
             }
         }
     }

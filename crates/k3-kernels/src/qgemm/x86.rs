@@ -4,7 +4,7 @@
 
 use std::arch::x86_64::*;
 
-use super::acts::block_scales;
+use super::acts::{block_scales, RowOut};
 use super::{array_from, offset_term, tiles, Kind, OutMat, Packed, QActs, BLOCK};
 
 /// Per-row f32 scales and offsets of a row tile.
@@ -386,9 +386,9 @@ pub unsafe fn gemm_avx2(w: &Packed, a: &QActs, lo: usize, hi: usize, out: OutMat
 /// # Safety
 /// The CPU must support AVX-512 F/BW.
 #[target_feature(enable = "avx512f,avx512bw")]
-pub unsafe fn quantize_row512(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32], s16: &mut [f32], hs: &mut [f32]) {
-    let nb = d.len();
-    assert!(x.len() >= nb * BLOCK && qs.len() >= nb * BLOCK && s.len() >= nb && s16.len() >= nb && hs.len() >= 2 * nb);
+pub unsafe fn quantize_row512(x: &[f32], mut out: RowOut) {
+    let nb = out.blocks_len();
+    assert!(x.len() >= nb * BLOCK && out.fits(nb), "activation row shorter than its {nb} blocks");
     let sign = _mm512_set1_ps(-0.0);
     let full = nb / 16 * 16;
     for b0 in (0..full).step_by(16) {
@@ -408,7 +408,7 @@ pub unsafe fn quantize_row512(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [
             let idk = _mm512_set1_ps(idk);
             for h in 0..2 {
                 let q = _mm512_cvtps_epi32(_mm512_mul_ps(load(k, h), idk));
-                let at = qs.as_mut_ptr().add((b0 + k) * BLOCK + 16 * h);
+                let at = out.qs.as_mut_ptr().add((b0 + k) * BLOCK + 16 * h);
                 _mm_storeu_si128(at as *mut __m128i, _mm512_cvtsepi32_epi8(q));
                 halves[h][k] = _mm512_castsi512_ps(q);
             }
@@ -420,15 +420,17 @@ pub unsafe fn quantize_row512(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [
         // block_scales, sixteen blocks at once.
         let f16 = |v: __m512| _mm512_cvtph_ps(_mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v));
         let dh = f16(db);
-        let sum = _mm512_cvtepi32_ps(_mm512_add_epi32(h0, h1));
-        _mm512_storeu_ps(d.as_mut_ptr().add(b0), dh);
-        _mm512_storeu_ps(s.as_mut_ptr().add(b0), _mm512_mul_ps(dh, sum));
-        _mm512_storeu_ps(s16.as_mut_ptr().add(b0), f16(_mm512_mul_ps(db, sum)));
+        let isum = _mm512_add_epi32(h0, h1);
+        _mm512_storeu_si512(out.o8.as_mut_ptr().add(b0) as *mut _, _mm512_mullo_epi32(isum, _mm512_set1_epi32(-8)));
+        let sum = _mm512_cvtepi32_ps(isum);
+        _mm512_storeu_ps(out.d.as_mut_ptr().add(b0), dh);
+        _mm512_storeu_ps(out.s.as_mut_ptr().add(b0), _mm512_mul_ps(dh, sum));
+        _mm512_storeu_ps(out.s16.as_mut_ptr().add(b0), f16(_mm512_mul_ps(db, sum)));
         let (hs0, hs1) = (_mm512_mul_ps(dh, _mm512_cvtepi32_ps(h0)), _mm512_mul_ps(dh, _mm512_cvtepi32_ps(h1)));
         let lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
         let hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-        _mm512_storeu_ps(hs.as_mut_ptr().add(2 * b0), _mm512_permutex2var_ps(hs0, lo, hs1));
-        _mm512_storeu_ps(hs.as_mut_ptr().add(2 * b0 + 16), _mm512_permutex2var_ps(hs0, hi, hs1));
+        _mm512_storeu_ps(out.hs.as_mut_ptr().add(2 * b0), _mm512_permutex2var_ps(hs0, lo, hs1));
+        _mm512_storeu_ps(out.hs.as_mut_ptr().add(2 * b0 + 16), _mm512_permutex2var_ps(hs0, hi, hs1));
     }
     for b in full..nb {
         let v0 = _mm512_loadu_ps(x.as_ptr().add(b * BLOCK));
@@ -438,10 +440,10 @@ pub unsafe fn quantize_row512(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [
         let id = _mm512_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
         let q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, id));
         let q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, id));
-        _mm_storeu_si128(qs.as_mut_ptr().add(b * BLOCK) as *mut __m128i, _mm512_cvtsepi32_epi8(q0));
-        _mm_storeu_si128(qs.as_mut_ptr().add(b * BLOCK + 16) as *mut __m128i, _mm512_cvtsepi32_epi8(q1));
+        _mm_storeu_si128(out.qs.as_mut_ptr().add(b * BLOCK) as *mut __m128i, _mm512_cvtsepi32_epi8(q0));
+        _mm_storeu_si128(out.qs.as_mut_ptr().add(b * BLOCK + 16) as *mut __m128i, _mm512_cvtsepi32_epi8(q1));
         let half = [_mm512_reduce_add_epi32(q0), _mm512_reduce_add_epi32(q1)];
-        block_scales(b, db, half, d, s, s16, hs);
+        block_scales(b, db, half, &mut out);
     }
 }
 
@@ -473,9 +475,9 @@ unsafe fn fold_lanes16(v: [__m512; 16], op: impl Fn(__m512, __m512) -> __m512 + 
 /// # Safety
 /// The CPU must support AVX2.
 #[target_feature(enable = "avx2")]
-pub unsafe fn quantize_row256(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32], s16: &mut [f32], hs: &mut [f32]) {
-    let nb = d.len();
-    assert!(x.len() >= nb * BLOCK && qs.len() >= nb * BLOCK && s.len() >= nb && s16.len() >= nb && hs.len() >= 2 * nb);
+pub unsafe fn quantize_row256(x: &[f32], mut out: RowOut) {
+    let nb = out.blocks_len();
+    assert!(x.len() >= nb * BLOCK && out.fits(nb), "activation row shorter than its {nb} blocks");
     let sign = _mm256_set1_ps(-0.0);
     // Lane order after the two saturating packs: 32-bit lanes 0, 4, 1, 5, 2, 6, 3, 7.
     let unpermute = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
@@ -496,10 +498,10 @@ pub unsafe fn quantize_row256(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [
         let q: [__m256i; 4] = array_from(|i| _mm256_cvtps_epi32(_mm256_mul_ps(v[i], id)));
         let bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
         _mm256_storeu_si256(
-            qs.as_mut_ptr().add(b * BLOCK) as *mut __m256i,
+            out.qs.as_mut_ptr().add(b * BLOCK) as *mut __m256i,
             _mm256_permutevar8x32_epi32(bytes, unpermute),
         );
         let half = [hsum(_mm256_add_epi32(q[0], q[1])), hsum(_mm256_add_epi32(q[2], q[3]))];
-        block_scales(b, db, half, d, s, s16, hs);
+        block_scales(b, db, half, &mut out);
     }
 }

@@ -34,6 +34,18 @@ impl<const G: usize> Groups<'_, G> {
     /// Each group's row lanes for each token (`acc[g][c]`) into the output's valid rows.
     #[inline(always)]
     unsafe fn store<const C: usize>(&self, acc: &[[__m512; C]; G]) {
+        // Rows one float apart (the engine's token-major outputs): each group's lanes as one
+        // masked store instead of sixteen scalar ones, which weigh most in products with short
+        // rows (a mixture's down experts: +2–3% on a one-token 1024 × 256 product in L2, Zen 4).
+        if self.out.rs == 1 {
+            for g in 0..G {
+                let mask: __mmask16 = if self.valid[g] >= ROWS { !0 } else { (1u16 << self.valid[g]) - 1 };
+                for (c, &v) in acc[g].iter().enumerate() {
+                    _mm512_mask_storeu_ps(self.out.at(self.r0[g] - self.lo, self.t0 + c), mask, v);
+                }
+            }
+            return;
+        }
         let mut lanes = [0f32; ROWS];
         for g in 0..G {
             for (c, &v) in acc[g].iter().enumerate() {
@@ -90,6 +102,13 @@ pub(super) unsafe fn tile<
     // 32-bit lanes when there are enough tokens to keep several vpdpbusd chains in flight: no
     // per-block add of the two sets for each token.
     let one_set = VNNI && !H && C >= 4;
+    // Q4_0 with VNNI: each block's integer sums start from the activations' −8·Σq (`QActs::o8`),
+    // so the offset costs no f32 work: d_x·(dot − 8·Σq) is one rounding of the exact value, as
+    // the fused multiply-add d_x·dot + (−8·s) it replaces was (s = d_x·Σq exactly): the same
+    // bits. Two fewer vector operations a block and row group (a scalar multiply and its
+    // broadcast): +4–8% in L2 on Zen 4 for 1 to 8 tokens.
+    let fold = VNNI && P == 0 && matches!(scaling, Scaling::Offset(k) if k == -8.0);
+    let o8: [*const i32; C] = array_from(|c| a.o8.as_ptr().add((gs.t0 + c) * n));
     let ones = _mm512_set1_epi16(1);
     let gb = GROUP_BLOCK + P * PLANE;
     let mut acc = [[_mm512_setzero_ps(); C]; G];
@@ -108,7 +127,9 @@ pub(super) unsafe fn tile<
             }
             qb
         });
-        let (mut isum, mut isum2) = ([[_mm512_setzero_si512(); C]; G], [[_mm512_setzero_si512(); C]; G]);
+        let start: [__m512i; C] =
+            array_from(|c| if fold { _mm512_set1_epi32(*o8[c].add(b)) } else { _mm512_setzero_si512() });
+        let (mut isum, mut isum2) = ([start; G], [[_mm512_setzero_si512(); C]; G]);
         for j in 0..4 {
             for g in 0..G {
                 let (lo4, hi4) = if x16 { nibble_codes_x16(qb[g], j) } else { nibble_codes(qb[g], j, P) };
@@ -155,6 +176,7 @@ pub(super) unsafe fn tile<
                     (_mm512_cvtepi32_ps(_mm512_madd_epi16(isum[g][c], ones)), _mm512_setzero_ps())
                 };
                 let s = if H { sx[c].add(2 * b) } else { sx[c].add(b) };
+                let scaling = if fold { Scaling::Signed } else { scaling };
                 acc[g][c] = accumulate::<H>(scaling, acc[g][c], dot0, dot1, dxb, s, &sc);
             }
         }
