@@ -23,21 +23,22 @@ pub struct QActs {
     /// [T, nbp, 2] d·Σq over each 16-code half of a block, exact (the Q6_K tiles' offsets,
     /// whose scales change every 16 codes).
     pub hs: Vec<f32>,
-    /// [T, nbp] −8·Σq: Q4_0's offset term (its codes are stored q + 8) in the integer sums'
-    /// units, from which the VNNI tiles start each block's sum instead of adding `−8·s` in f32
-    /// (two fewer vector operations a block and row group; the same bits, see `rows16`).
-    pub o8: Vec<i32>,
+    /// [T, nbp, 2] the weight codes' offset terms in the integer sums' units: −8·Σq (Q4_0, its
+    /// codes stored q + 8) and −128·Σq (Q8_0 and IQ4_NL, whose tiles take code + 128). The
+    /// VNNI tiles start each block's sums from them instead of adding `k·s` in f32 (two fewer
+    /// vector operations a block and row group; the same bits, see `rows16`).
+    pub offs: Vec<i32>,
 }
 
 /// Where one activation row's blocks go (a [`QActs`] row, or a range of its whole blocks): nb
-/// blocks' codes (`qs`: nb·32) and, per block, `d`, `s`, `s16`, `o8` and two `hs`.
+/// blocks' codes (`qs`: nb·32) and, per block, `d`, `s`, `s16`, two `hs` and two `offs`.
 pub struct RowOut<'a> {
     pub qs: &'a mut [i8],
     pub d: &'a mut [f32],
     pub s: &'a mut [f32],
     pub s16: &'a mut [f32],
     pub hs: &'a mut [f32],
-    pub o8: &'a mut [i32],
+    pub offs: &'a mut [i32],
 }
 
 impl RowOut<'_> {
@@ -56,7 +57,7 @@ impl RowOut<'_> {
             s: part((*a).s.as_mut_ptr().add(at), n),
             s16: part((*a).s16.as_mut_ptr().add(at), n),
             hs: part((*a).hs.as_mut_ptr().add(2 * at), 2 * n),
-            o8: part((*a).o8.as_mut_ptr().add(at), n),
+            offs: part((*a).offs.as_mut_ptr().add(2 * at), 2 * n),
         }
     }
 
@@ -72,7 +73,7 @@ impl RowOut<'_> {
             && self.s.len() >= nb
             && self.s16.len() >= nb
             && self.hs.len() >= 2 * nb
-            && self.o8.len() >= nb
+            && self.offs.len() >= 2 * nb
     }
 }
 
@@ -125,8 +126,8 @@ pub fn quantize_row_ref(x: &[f32], mut out: RowOut) {
 }
 
 /// Block b's scale and sums from its unrounded scale `db` and the code sums of its two halves:
-/// d = f16(db), s = d·Σq, s16 = f16(db·Σq) (Q8_1's), hs = d·Σq per half, o8 = −8·Σq. Every
-/// quantizer's tail.
+/// d = f16(db), s = d·Σq, s16 = f16(db·Σq) (Q8_1's), hs = d·Σq per half, offs = −8·Σq and
+/// −128·Σq. Every quantizer's tail.
 #[inline(always)]
 pub(super) fn block_scales(b: usize, db: f32, half: [i32; 2], out: &mut RowOut) {
     let sum = half[0] + half[1];
@@ -136,7 +137,8 @@ pub(super) fn block_scales(b: usize, db: f32, half: [i32; 2], out: &mut RowOut) 
     out.s16[b] = half::f16::from_f32(db * sum as f32).to_f32();
     out.hs[2 * b] = dh * half[0] as f32;
     out.hs[2 * b + 1] = dh * half[1] as f32;
-    out.o8[b] = -8 * sum;
+    out.offs[2 * b] = -8 * sum;
+    out.offs[2 * b + 1] = -128 * sum;
 }
 
 impl QActs {
@@ -162,7 +164,7 @@ impl QActs {
             s: vec![0.0; tp * nbp],
             s16: vec![0.0; tp * nbp],
             hs: vec![0.0; tp * nbp * 2],
-            o8: vec![0; tp * nbp],
+            offs: vec![0; tp * nbp * 2],
         }
     }
 
@@ -200,7 +202,7 @@ impl QActs {
             a.s[dst..dst + nbp].copy_from_slice(&self.s[src..src + nbp]);
             a.s16[dst..dst + nbp].copy_from_slice(&self.s16[src..src + nbp]);
             a.hs[2 * dst..2 * (dst + nbp)].copy_from_slice(&self.hs[2 * src..2 * (src + nbp)]);
-            a.o8[dst..dst + nbp].copy_from_slice(&self.o8[src..src + nbp]);
+            a.offs[2 * dst..2 * (dst + nbp)].copy_from_slice(&self.offs[2 * src..2 * (src + nbp)]);
         }
         a
     }
@@ -227,12 +229,18 @@ impl QActs {
             lines(self.s.as_ptr() as *const i8, n * 4);
             lines(self.s16.as_ptr() as *const i8, n * 4);
             lines(self.hs.as_ptr() as *const i8, n * 8);
-            lines(self.o8.as_ptr() as *const i8, n * 4);
+            lines(self.offs.as_ptr() as *const i8, n * 8);
         }
     }
 
     pub(crate) fn row(&self, t: usize) -> (&[i8], &[f32]) {
         (&self.qs[t * self.nbp * BLOCK..(t + 1) * self.nbp * BLOCK], &self.d[t * self.nbp..(t + 1) * self.nbp])
+    }
+
+    /// Row t's offset terms (`offs`): [nbp, 2].
+    #[inline(always)]
+    pub(crate) fn offs_row(&self, t: usize) -> &[i32] {
+        &self.offs[2 * t * self.nbp..2 * (t + 1) * self.nbp]
     }
 
     /// The s array a weight kind pairs with, row t: per block (`nbp`), or for Q6_K per half

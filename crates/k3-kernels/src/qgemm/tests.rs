@@ -12,13 +12,13 @@ struct Row {
     s: Vec<f32>,
     s16: Vec<f32>,
     hs: Vec<f32>,
-    o8: Vec<i32>,
+    offs: Vec<i32>,
 }
 
 impl Row {
     fn new(nb: usize) -> Row {
         let f = || vec![0f32; nb];
-        Row { qs: vec![0; nb * BLOCK], d: f(), s: f(), s16: f(), hs: vec![0.0; 2 * nb], o8: vec![0; nb] }
+        Row { qs: vec![0; nb * BLOCK], d: f(), s: f(), s16: f(), hs: vec![0.0; 2 * nb], offs: vec![0; 2 * nb] }
     }
 
     fn out(&mut self) -> RowOut<'_> {
@@ -28,7 +28,7 @@ impl Row {
             s: &mut self.s,
             s16: &mut self.s16,
             hs: &mut self.hs,
-            o8: &mut self.o8,
+            offs: &mut self.offs,
         }
     }
 }
@@ -47,20 +47,21 @@ fn the_simd_quantizer_gives_the_reference_bits() {
         for r in 0..t {
             let mut row = Row::new(nb);
             quantize_row_ref(&x[r * cols..(r + 1) * cols], row.out());
-            let Row { qs, d, s, s16, hs, o8 } = row;
+            let Row { qs, d, s, s16, hs, offs } = row;
             assert_eq!(&a.qs[r * a.nbp * BLOCK..r * a.nbp * BLOCK + cols], &qs[..], "codes, row {r}");
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&a.d[r * a.nbp..r * a.nbp + nb]), bits(&d), "d, row {r}");
             assert_eq!(bits(&a.s[r * a.nbp..r * a.nbp + nb]), bits(&s), "s, row {r}");
             assert_eq!(bits(&a.s16[r * a.nbp..r * a.nbp + nb]), bits(&s16), "s16, row {r}");
             assert_eq!(bits(&a.hs[2 * r * a.nbp..2 * r * a.nbp + 2 * nb]), bits(&hs), "hs, row {r}");
-            assert_eq!(&a.o8[r * a.nbp..r * a.nbp + nb], &o8[..], "o8, row {r}");
+            assert_eq!(&a.offs[2 * r * a.nbp..2 * (r * a.nbp + nb)], &offs[..], "offs, row {r}");
             for b in 0..nb {
                 let half =
                     |h: usize| qs[b * BLOCK + 16 * h..b * BLOCK + 16 * h + 16].iter().map(|&q| q as i32).sum::<i32>();
                 assert_eq!(hs[2 * b], d[b] * half(0) as f32, "hs, row {r} block {b}");
                 assert_eq!(hs[2 * b + 1], d[b] * half(1) as f32, "hs, row {r} block {b}");
-                assert_eq!(o8[b], -8 * (half(0) + half(1)), "o8, row {r} block {b}");
+                let sum = half(0) + half(1);
+                assert_eq!(offs[2 * b..2 * b + 2], [-8 * sum, -128 * sum], "offs, row {r} block {b}");
             }
         }
     }
@@ -102,7 +103,7 @@ fn every_simd_quantizer_gives_the_reference_bits_at(cols: usize) {
         let mut row = Row::new(nb);
         unsafe { f(&x, row.out()) };
         let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-        (row.qs, bits(&row.d), bits(&row.s), bits(&row.s16), bits(&row.hs), row.o8)
+        (row.qs, bits(&row.d), bits(&row.s), bits(&row.s16), bits(&row.hs), row.offs)
     };
     let want = run(quantize_row_ref);
     for (name, f) in paths {
@@ -125,7 +126,7 @@ fn selected_rows_are_those_rows_quantized() {
         let (got, want) = (all.select_rows(&rows), QActs::quantize(&gathered, rows.len(), cols));
         assert_eq!((got.t, got.nbp), (want.t, want.nbp));
         assert!(got.qs == want.qs && got.d == want.d && got.s == want.s, "{} rows", rows.len());
-        assert!(got.s16 == want.s16 && got.hs == want.hs && got.o8 == want.o8, "{} rows", rows.len());
+        assert!(got.s16 == want.s16 && got.hs == want.hs && got.offs == want.offs, "{} rows", rows.len());
     }
 }
 
@@ -166,21 +167,24 @@ fn long_prefills_cross_token_blocks() {
     }
 }
 
-/// Q4_0's VNNI tiles start each block's integer sums from the activations' −8·Σq (`QActs::o8`)
-/// where the AVX-512 BW tiles add −8·s in f32: both round d_x·(dot − 8·Σq) once, so they give
-/// the same bits, for every token count's tile (one token with the high nibbles in place, two
-/// and three in two sets of sums, four and more in one) and through both output layouts (rows
-/// one float apart take one masked store a group; rows a token apart, scalar ones), partial row
-/// groups and odd block counts included.
+/// The VNNI tiles start each block's integer sums from the activations' offset terms
+/// (`QActs::offs`: −8·Σq for Q4_0, −128·Σq for Q8_0 and IQ4_NL, whose tiles take code + 128)
+/// where the AVX-512 BW tiles add −8·s in f32 (Q4_0) or take signed codes (Q8_0, IQ4_NL): both
+/// round d_x·(the signed dot) once, so they give the same bits, for every token count's tile
+/// (Q4_0: one token with the high nibbles in place, two and three in two sets of sums, four and
+/// more in one) and through both output layouts (rows one float apart take one masked store a
+/// group; rows a token apart, scalar ones), partial row groups and odd block counts included.
 #[test]
-fn q4_0_vnni_tiles_fold_the_offset_into_the_same_bits() {
+fn vnni_tiles_fold_code_offsets_into_the_same_bits() {
     if !(Isa::Avx512Vnni.supported() && Isa::Avx512.supported()) {
         eprintln!("skipped: this CPU lacks AVX-512 VNNI");
         return;
     }
     let mut rng = Rng::new(31);
-    let ty = GgmlType::Q4_0;
-    for (rows, cols) in [(80, 1024), (37, 224), (256, 96)] {
+    for (ty, (rows, cols)) in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::IQ4_NL]
+        .into_iter()
+        .flat_map(|ty| [(80, 1024), (37, 224), (256, 96)].map(|shape| (ty, shape)))
+    {
         let w = rng.normals(rows * cols, 0.4);
         let data: Vec<u8> = w.chunks(cols).flat_map(|r| ty.quantize_row(r)).collect();
         let p = Packed::pack_as(ty, rows, cols, &data, Layout::Rows16, Place::Heap).expect("a 16-row type");
@@ -201,7 +205,11 @@ fn q4_0_vnni_tiles_fold_the_offset_into_the_same_bits() {
             };
             for token_major in [true, false] {
                 let (vnni, bw) = (run(Isa::Avx512Vnni, token_major), run(Isa::Avx512, token_major));
-                assert!(vnni == bw, "{rows} x {cols}, T = {t}, token-major {token_major}: VNNI and BW bits differ");
+                assert!(
+                    vnni == bw,
+                    "{} {rows} x {cols}, T = {t}, token-major {token_major}: VNNI and BW bits differ",
+                    ty.name()
+                );
             }
         }
     }

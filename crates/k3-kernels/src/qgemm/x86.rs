@@ -421,7 +421,6 @@ pub unsafe fn quantize_row512(x: &[f32], mut out: RowOut) {
         let f16 = |v: __m512| _mm512_cvtph_ps(_mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v));
         let dh = f16(db);
         let isum = _mm512_add_epi32(h0, h1);
-        _mm512_storeu_si512(out.o8.as_mut_ptr().add(b0) as *mut _, _mm512_mullo_epi32(isum, _mm512_set1_epi32(-8)));
         let sum = _mm512_cvtepi32_ps(isum);
         _mm512_storeu_ps(out.d.as_mut_ptr().add(b0), dh);
         _mm512_storeu_ps(out.s.as_mut_ptr().add(b0), _mm512_mul_ps(dh, sum));
@@ -431,6 +430,10 @@ pub unsafe fn quantize_row512(x: &[f32], mut out: RowOut) {
         let hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
         _mm512_storeu_ps(out.hs.as_mut_ptr().add(2 * b0), _mm512_permutex2var_ps(hs0, lo, hs1));
         _mm512_storeu_ps(out.hs.as_mut_ptr().add(2 * b0 + 16), _mm512_permutex2var_ps(hs0, hi, hs1));
+        let (o8, o128) =
+            (_mm512_mullo_epi32(isum, _mm512_set1_epi32(-8)), _mm512_mullo_epi32(isum, _mm512_set1_epi32(-128)));
+        _mm512_storeu_si512(out.offs.as_mut_ptr().add(2 * b0) as *mut _, _mm512_permutex2var_epi32(o8, lo, o128));
+        _mm512_storeu_si512(out.offs.as_mut_ptr().add(2 * b0 + 16) as *mut _, _mm512_permutex2var_epi32(o8, hi, o128));
     }
     for b in full..nb {
         let v0 = _mm512_loadu_ps(x.as_ptr().add(b * BLOCK));
