@@ -1,15 +1,16 @@
 //! In-process A/B of decode variants: one model, one sequence (first prefilled with CONTEXT
 //! tokens, default none), decoded in blocks of BLOCK tokens with the variant switched between
 //! blocks and the order rotated every round, so that the host's drift (minutes long here) hits
-//! every variant alike. A variant is `C`, `CL`, `CLS`, `CLSP`, `CLSPK`, `CLSPKH`, `CLSPKHF` or
-//! `CLSPKHFR`: C the allocator's per-thread cache (`k3_infer::alloc`), L the lean hand-off of
+//! every variant alike. A variant is `C`, `CL`, `CLS`, `CLSP`, `CLSPK`, `CLSPKH`, `CLSPKHF`,
+//! `CLSPKHFR` or `CLSPKHFRV`: C the allocator's per-thread cache (`k3_infer::alloc`), L the lean hand-off of
 //! two-task jobs (`k3_kernels::threads::set_lean_pairs`), S each job site's own balance, P each
 //! decode task's next band prefetched (`k3_kernels::qgemm::set_band_prefetch`), K the attention
 //! kernels' cache prefetches (`k3_kernels::simd_keys::set_cache_prefetch`), H the attention
 //! caches grown onto huge pages (`k3_infer::kv::set_kv_hugepages`), F GQA decode's fused runs
 //! (`k3_kernels::attention::set_gqa_fused`), R the far prefetch into L2 of decode products that
-//! one thread runs alone (`k3_kernels::qgemm::set_far_prefetch_alone`); each 0 (off) or 1 (on).
-//! L, S, P, K, H and F are on when not given, R as the CPU's default
+//! one thread runs alone (`k3_kernels::qgemm::set_far_prefetch_alone`), V IQ4_NL's lookups by
+//! vpermb where the CPU has AVX-512 VBMI (`k3_kernels::qgemm::set_vbmi`); each 0 (off) or 1
+//! (on). L, S, P, K, H, F and V are on when not given, R as the CPU's default
 //! (`K3MINI_FAR_PREFETCH_ALONE`). With variants that differ in H, two sequences are decoded, one
 //! whose caches grew on huge pages and one whose did not (each prefilled to CONTEXT), each
 //! variant advancing its own.
@@ -37,8 +38,8 @@ fn main() {
     let (threads, block, rounds) = (num(2), num(16), num(30));
     let modes: Vec<String> =
         std::env::args().nth(5).unwrap_or_else(|| "0,1".into()).split(',').map(str::to_string).collect();
-    if let Some(bad) = modes.iter().find(|m| m.is_empty() || m.len() > 8 || m.chars().any(|c| c != '0' && c != '1')) {
-        eprintln!("decode_ab: unknown variant {bad:?} (C, CL, CLS, CLSP, CLSPK, CLSPKH, CLSPKHF or CLSPKHFR: C the allocator's cache, L the lean pair hand-off, S each job site's own balance, P each decode task's next band prefetched, K the attention's cache prefetches, H the caches on huge pages, F GQA decode's fused runs, R the far prefetch of products one thread runs alone; 0 off, 1 on)");
+    if let Some(bad) = modes.iter().find(|m| m.is_empty() || m.len() > 9 || m.chars().any(|c| c != '0' && c != '1')) {
+        eprintln!("decode_ab: unknown variant {bad:?} (C, CL, CLS, CLSP, CLSPK, CLSPKH, CLSPKHF, CLSPKHFR or CLSPKHFRV: C the allocator's cache, L the lean pair hand-off, S each job site's own balance, P each decode task's next band prefetched, K the attention's cache prefetches, H the caches on huge pages, F GQA decode's fused runs, R the far prefetch of products one thread runs alone, V IQ4_NL's lookups by vpermb; 0 off, 1 on)");
         std::process::exit(2);
     }
     let (mut model, _) = Model::load(&path).unwrap_or_else(|e| {
@@ -80,6 +81,7 @@ fn main() {
             k3_infer::kv::set_kv_hugepages(on(5));
             k3_kernels::attention::set_gqa_fused(on(6));
             k3_kernels::qgemm::set_far_prefetch_alone(modes[v].as_bytes().get(7).map_or(far_default, |&c| c == b'1'));
+            k3_kernels::qgemm::set_vbmi(on(8));
             let s = step(block, usize::from(!on(5)));
             if r > 0 {
                 secs[v].push(s);

@@ -543,6 +543,30 @@ pub fn gemm_rows(isa: Isa, w: &Packed, a: &QActs, lo: usize, hi: usize, out: &mu
     unsafe { gemm_rows_out(isa, w, a, lo, hi, OutMat { ptr: out.as_mut_ptr(), rs: a.t, cs: 1 }) }
 }
 
+/// Whether IQ4_NL's VNNI tiles look their codes up with vpermb ([`rows16::gemm_avx512vbmi`]):
+/// where the CPU has AVX-512 VBMI (Ice Lake and later, Zen 4), unless `K3MINI_VBMI=0`.
+static VBMI: crate::switch::Switch = crate::switch::Switch::by_default("K3MINI_VBMI", "0", vbmi_detected);
+
+#[cfg(target_arch = "x86_64")]
+fn vbmi_detected() -> bool {
+    std::arch::is_x86_feature_detected!("avx512vbmi")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn vbmi_detected() -> bool {
+    false
+}
+
+/// Whether [`VBMI`] is on; never where the CPU lacks AVX-512 VBMI.
+pub fn vbmi() -> bool {
+    VBMI.on() && vbmi_detected()
+}
+
+/// Set [`VBMI`] for the rest of the process (tests, in-process A/B measurements).
+pub fn set_vbmi(on: bool) {
+    VBMI.set(on);
+}
+
 /// Whether decode tasks start each next band on its way ([`prefetch_next_band`]);
 /// `K3MINI_BAND_PREFETCH=0` turns it off.
 static BAND_PREFETCH: crate::switch::Switch = crate::switch::Switch::new("K3MINI_BAND_PREFETCH", "0");
@@ -630,6 +654,10 @@ pub unsafe fn gemm_rows_out(isa: Isa, w: &Packed, a: &QActs, lo: usize, hi: usiz
         }
         #[cfg(target_arch = "x86_64")]
         if isa >= Isa::Avx512Vnni && Isa::Avx512Vnni.supported() {
+            if w.kind == Kind::IQ4NL && vbmi() {
+                // SAFETY: as below, and AVX-512 VBMI (checked by `vbmi`).
+                return unsafe { rows16::gemm_avx512vbmi(w, a, lo, hi, out) };
+            }
             // SAFETY: AVX-512 F/BW/VL + VNNI + FMA + F16C (checked just above); `out` as the caller promises.
             return unsafe { rows16::gemm_avx512vnni(w, a, lo, hi, out) };
         }

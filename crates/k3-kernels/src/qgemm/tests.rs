@@ -173,7 +173,8 @@ fn long_prefills_cross_token_blocks() {
 /// round d_x·(the signed dot) once, so they give the same bits, for every token count's tile
 /// (Q4_0: one token with the high nibbles in place, two and three in two sets of sums, four and
 /// more in one) and through both output layouts (rows one float apart take one masked store a
-/// group; rows a token apart, scalar ones), partial row groups and odd block counts included.
+/// group; rows a token apart, scalar ones), partial row groups and odd block counts included;
+/// IQ4_NL's lookups by vpermb (AVX-512 VBMI) and by vpshufb alike.
 #[test]
 fn vnni_tiles_fold_code_offsets_into_the_same_bits() {
     if !(Isa::Avx512Vnni.supported() && Isa::Avx512.supported()) {
@@ -204,12 +205,19 @@ fn vnni_tiles_fold_code_offsets_into_the_same_bits() {
                 y.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
             };
             for token_major in [true, false] {
-                let (vnni, bw) = (run(Isa::Avx512Vnni, token_major), run(Isa::Avx512, token_major));
-                assert!(
-                    vnni == bw,
-                    "{} {rows} x {cols}, T = {t}, token-major {token_major}: VNNI and BW bits differ",
-                    ty.name()
-                );
+                let bw = run(Isa::Avx512, token_major);
+                // IQ4_NL's codes by vpermb where the CPU has VBMI, and by vpshufb (the VNNI
+                // CPUs without it); other tests may run either meanwhile, both exact.
+                for vbmi in [true, false] {
+                    set_vbmi(vbmi);
+                    let vnni = run(Isa::Avx512Vnni, token_major);
+                    set_vbmi(true);
+                    let name = ty.name();
+                    assert!(
+                        vnni == bw,
+                        "{name} {rows} x {cols}, T = {t}, token-major {token_major}, VBMI {vbmi}: VNNI and BW bits differ"
+                    );
+                }
             }
         }
     }

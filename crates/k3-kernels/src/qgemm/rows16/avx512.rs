@@ -192,7 +192,9 @@ pub(super) unsafe fn tile<
 /// codes are its nibbles (Q4's layout: groups j and j + 4 share a 64-byte load) looked up in
 /// [`super::super::NL_CODES`] by one vpshufb; the rest as Q8_0.
 #[inline(always)]
-pub(super) unsafe fn tile_q8<const C: usize, const G: usize, const VNNI: bool, const NL: bool>(gs: Groups<G>) {
+pub(super) unsafe fn tile_q8<const C: usize, const G: usize, const VNNI: bool, const NL: bool, const VBMI: bool>(
+    gs: Groups<G>,
+) {
     let (w, a) = (gs.w, gs.a);
     let ops: [Operands<C>; G] = array_from(|g| Operands::<C>::new(w, a, gs.r0[g], gs.t0));
     let Operands { n, xq, dx, .. } = ops[0];
@@ -219,7 +221,13 @@ pub(super) unsafe fn tile_q8<const C: usize, const G: usize, const VNNI: bool, c
             let u = if NL {
                 let v = _mm512_loadu_si512(qb[g].add((j % 4) * 64) as *const _);
                 let v = if j < 4 { v } else { _mm512_srli_epi16(v, 4) };
-                _mm512_shuffle_epi8(table, _mm512_and_si512(v, low))
+                if VBMI {
+                    // Entry i of the 64-byte table is NL_CODES[i mod 16]: bits 4 and 5 of the
+                    // index (the other nibble, or the next byte's after the shift) do not matter.
+                    _mm512_permutexvar_epi8(v, table)
+                } else {
+                    _mm512_shuffle_epi8(table, _mm512_and_si512(v, low))
+                }
             } else {
                 _mm512_loadu_si512(qb[g].add(j * 64) as *const _)
             }; // code + 128
