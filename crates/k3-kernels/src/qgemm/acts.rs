@@ -30,6 +30,10 @@ pub struct QActs {
     pub offs: Vec<i32>,
 }
 
+/// The code offsets k whose terms −k·Σq [`QActs::offs`] holds per block, in order: Q4_0's
+/// (codes stored q + 8), and that of the kinds whose tiles take code + 128 (Q8_0, IQ4_NL).
+pub(super) const OFFSET_TERMS: [i32; 2] = [8, 128];
+
 /// Where one activation row's blocks go (a [`QActs`] row, or a range of its whole blocks): nb
 /// blocks' codes (`qs`: nb·32) and, per block, `d`, `s`, `s16`, two `hs` and two `offs`.
 pub struct RowOut<'a> {
@@ -137,8 +141,9 @@ pub(super) fn block_scales(b: usize, db: f32, half: [i32; 2], out: &mut RowOut) 
     out.s16[b] = half::f16::from_f32(db * sum as f32).to_f32();
     out.hs[2 * b] = dh * half[0] as f32;
     out.hs[2 * b + 1] = dh * half[1] as f32;
-    out.offs[2 * b] = -8 * sum;
-    out.offs[2 * b + 1] = -128 * sum;
+    for (i, k) in OFFSET_TERMS.iter().enumerate() {
+        out.offs[2 * b + i] = -k * sum;
+    }
 }
 
 impl QActs {
@@ -237,10 +242,12 @@ impl QActs {
         (&self.qs[t * self.nbp * BLOCK..(t + 1) * self.nbp * BLOCK], &self.d[t * self.nbp..(t + 1) * self.nbp])
     }
 
-    /// Row t's offset terms (`offs`): [nbp, 2].
+    /// Where `offs` holds the terms of weights of `kind`, if it holds those of its code offset k
+    /// ([`OFFSET_TERMS`]): −k·Σq of row t's block b at `offs[2·(t·nbp + b) + slot]`.
     #[inline(always)]
-    pub(crate) fn offs_row(&self, t: usize) -> &[i32] {
-        &self.offs[2 * t * self.nbp..2 * (t + 1) * self.nbp]
+    pub(crate) fn offset_slot(kind: Kind) -> Option<usize> {
+        let k = kind.code_offset()?;
+        OFFSET_TERMS.iter().position(|&o| o as f32 == k)
     }
 
     /// The s array a weight kind pairs with, row t: per block (`nbp`), or for Q6_K per half

@@ -4,7 +4,7 @@
 
 use std::arch::x86_64::*;
 
-use super::acts::{block_scales, RowOut};
+use super::acts::{block_scales, RowOut, OFFSET_TERMS};
 use super::{array_from, offset_term, tiles, Kind, OutMat, Packed, QActs, BLOCK};
 
 /// Per-row f32 scales and offsets of a row tile.
@@ -430,10 +430,9 @@ pub unsafe fn quantize_row512(x: &[f32], mut out: RowOut) {
         let hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
         _mm512_storeu_ps(out.hs.as_mut_ptr().add(2 * b0), _mm512_permutex2var_ps(hs0, lo, hs1));
         _mm512_storeu_ps(out.hs.as_mut_ptr().add(2 * b0 + 16), _mm512_permutex2var_ps(hs0, hi, hs1));
-        let (o8, o128) =
-            (_mm512_mullo_epi32(isum, _mm512_set1_epi32(-8)), _mm512_mullo_epi32(isum, _mm512_set1_epi32(-128)));
-        _mm512_storeu_si512(out.offs.as_mut_ptr().add(2 * b0) as *mut _, _mm512_permutex2var_epi32(o8, lo, o128));
-        _mm512_storeu_si512(out.offs.as_mut_ptr().add(2 * b0 + 16) as *mut _, _mm512_permutex2var_epi32(o8, hi, o128));
+        let [o0, o1] = OFFSET_TERMS.map(|k| _mm512_mullo_epi32(isum, _mm512_set1_epi32(-k)));
+        _mm512_storeu_si512(out.offs.as_mut_ptr().add(2 * b0) as *mut _, _mm512_permutex2var_epi32(o0, lo, o1));
+        _mm512_storeu_si512(out.offs.as_mut_ptr().add(2 * b0 + 16) as *mut _, _mm512_permutex2var_epi32(o0, hi, o1));
     }
     for b in full..nb {
         let v0 = _mm512_loadu_ps(x.as_ptr().add(b * BLOCK));

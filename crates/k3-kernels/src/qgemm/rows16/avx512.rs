@@ -3,7 +3,9 @@
 use std::arch::x86_64::*;
 
 use super::super::array_from;
-use super::{Operands, OutMat, Packed, QActs, Scaling, BLOCK, GROUP_BLOCK, GROUP_BLOCK_Q8, PF_BYTES, PLANE, ROWS};
+use super::{
+    offset_terms, Operands, OutMat, Packed, QActs, Scaling, BLOCK, GROUP_BLOCK, GROUP_BLOCK_Q8, PF_BYTES, PLANE, ROWS,
+};
 
 /// (matrix, activations, first row of the group, first token, valid rows, output row of the
 /// group's first row, output).
@@ -102,13 +104,16 @@ pub(super) unsafe fn tile<
     // 32-bit lanes when there are enough tokens to keep several vpdpbusd chains in flight: no
     // per-block add of the two sets for each token.
     let one_set = VNNI && !H && C >= 4;
-    // Q4_0 with VNNI: each block's integer sums start from the activations' −8·Σq (`QActs::offs`),
-    // so the offset costs no f32 work: d_x·(dot − 8·Σq) is one rounding of the exact value, as
-    // the fused multiply-add d_x·dot + (−8·s) it replaces was (s = d_x·Σq exactly): the same
-    // bits. Two fewer vector operations a block and row group (a scalar multiply and its
-    // broadcast): +4–8% in L2 on Zen 4 for 1 to 8 tokens.
-    let fold = VNNI && P == 0 && matches!(scaling, Scaling::Offset(k) if k == -8.0);
-    let offs: [*const i32; C] = array_from(|c| a.offs_row(gs.t0 + c).as_ptr());
+    // With VNNI and its offset terms stored (Q4_0), each block's integer sums start from the
+    // activations' −8·Σq, so the offset costs no f32 work: d_x·(dot − 8·Σq) is one rounding of
+    // the exact value, as the fused multiply-add d_x·dot + (−8·s) it replaces was (s = d_x·Σq
+    // exactly): the same bits, and the scaling then that of signed codes. Two fewer vector
+    // operations a block and row group (a scalar multiply and its broadcast): +4–8% in L2 on
+    // Zen 4 for 1 to 8 tokens.
+    let off = if VNNI { offset_terms::<C>(w, a, gs.t0) } else { None };
+    let fold = off.is_some();
+    let off = off.unwrap_or([std::ptr::null(); C]);
+    let scaling = if fold { Scaling::Signed } else { scaling };
     let ones = _mm512_set1_epi16(1);
     let gb = GROUP_BLOCK + P * PLANE;
     let mut acc = [[_mm512_setzero_ps(); C]; G];
@@ -128,7 +133,7 @@ pub(super) unsafe fn tile<
             qb
         });
         let start: [__m512i; C] =
-            array_from(|c| if fold { _mm512_set1_epi32(*offs[c].add(2 * b)) } else { _mm512_setzero_si512() });
+            array_from(|c| if fold { _mm512_set1_epi32(*off[c].add(2 * b)) } else { _mm512_setzero_si512() });
         let (mut isum, mut isum2) = ([start; G], [[_mm512_setzero_si512(); C]; G]);
         for j in 0..4 {
             for g in 0..G {
@@ -176,7 +181,6 @@ pub(super) unsafe fn tile<
                     (_mm512_cvtepi32_ps(_mm512_madd_epi16(isum[g][c], ones)), _mm512_setzero_ps())
                 };
                 let s = if H { sx[c].add(2 * b) } else { sx[c].add(b) };
-                let scaling = if fold { Scaling::Signed } else { scaling };
                 acc[g][c] = accumulate::<H>(scaling, acc[g][c], dot0, dot1, dxb, s, &sc);
             }
         }
@@ -198,10 +202,10 @@ pub(super) unsafe fn tile_q8<const C: usize, const G: usize, const VNNI: bool, c
     let (w, a) = (gs.w, gs.a);
     let ops: [Operands<C>; G] = array_from(|g| Operands::<C>::new(w, a, gs.r0[g], gs.t0));
     let Operands { n, xq, dx, .. } = ops[0];
+    let off = offset_terms::<C>(w, a, gs.t0).expect("the byte-code kinds' −128·Σq are stored");
     let (flip, ones, zero) = (_mm512_set1_epi8(-128), _mm512_set1_epi16(1), _mm512_setzero_si512());
     let (low, table) = (_mm512_set1_epi8(0x0F), super::nl_table_512());
     let gb = if NL { GROUP_BLOCK } else { GROUP_BLOCK_Q8 };
-    let offs: [*const i32; C] = array_from(|c| a.offs_row(gs.t0 + c).as_ptr());
     let mut acc = [[_mm512_setzero_ps(); C]; G];
     for b in 0..n {
         let qb: [*const u8; G] = array_from(|g| {
@@ -214,7 +218,7 @@ pub(super) unsafe fn tile_q8<const C: usize, const G: usize, const VNNI: bool, c
         // With VNNI the sums start from −128·Σq (`QActs::offs`), which takes the stored codes'
         // +128 back out, as Q4_0's tile does with its −8: the same bits as adding −128·s in f32.
         let start: [__m512i; C] =
-            array_from(|c| if VNNI { _mm512_set1_epi32(*offs[c].add(2 * b + 1)) } else { _mm512_setzero_si512() });
+            array_from(|c| if VNNI { _mm512_set1_epi32(*off[c].add(2 * b)) } else { _mm512_setzero_si512() });
         let (mut isum, mut isum2) = ([start; G], [[_mm512_setzero_si512(); C]; G]);
         // Group j's 4-code products of row group g for every token, into `sum`.
         let group = |g: usize, j: usize, sum: &mut [__m512i; C]| {

@@ -253,6 +253,20 @@ impl<const C: usize> Operands<C> {
     }
 }
 
+/// Per token t0..t0 + C, its offset terms for weights of `w`'s kind ([`QActs::offset_slot`]:
+/// −k·Σq of block b at 2·b), from which the VNNI tiles start each block's sums; None where the
+/// kind has none stored. (Kept out of [`Operands`], which every row group of a tile copies: there
+/// the 8-token tiles ran ~4% slower.)
+///
+/// # Safety
+/// Tokens t0..t0 + C must exist in `a`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn offset_terms<const C: usize>(w: &Packed, a: &QActs, t0: usize) -> Option<[*const i32; C]> {
+    let slot = QActs::offset_slot(w.kind)?;
+    Some(array_from(|c| a.offs.as_ptr().add(2 * (t0 + c) * a.nbp + slot)))
+}
+
 /// Bytes ahead of the current block that the kernel prefetches into L1 (8 blocks of a group).
 #[cfg(target_arch = "x86_64")]
 const PF_BYTES: usize = 8 * GROUP_BLOCK;
