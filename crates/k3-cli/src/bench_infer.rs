@@ -248,8 +248,36 @@ struct Measured {
     decode: Vec<(usize, Point)>,
     /// Batched decode by batch size (aggregate tokens/s).
     batch: Vec<(usize, Point)>,
-    /// Each decode @0 repeat's tokens/s with the read bandwidth (GB/s) probed just before it.
-    paired: Vec<(f64, f64)>,
+    /// Each decode @0 repeat with the read bandwidth probed just before and just after it.
+    paired: Vec<Paired>,
+}
+
+/// One decode @0 repeat of ours and the read bandwidth (GB/s) of probes just before and just
+/// after it (`after` None where that probe could not run).
+#[derive(Debug, Clone, Copy)]
+struct Paired {
+    tok_s: f64,
+    before: f64,
+    after: Option<f64>,
+}
+
+/// How far apart (relative to their mean) the probes before and after a repeat may read for
+/// the repeat to count as steady: this host's read bandwidth switches between states ~1.6× apart
+/// within seconds, and a repeat taken across such a switch has no one bound to be held to.
+const STEADY_SPREAD: f64 = 0.10;
+
+/// The fraction of the bound (`weight_bytes` a token) that each steady repeat (both probes there
+/// and within [`STEADY_SPREAD`] of their mean) reached against the mean of its two probes, in
+/// order.
+fn bracketed(paired: &[Paired], weight_bytes: usize) -> Vec<f64> {
+    paired
+        .iter()
+        .filter_map(|p| {
+            let after = p.after?;
+            let mean = 0.5 * (p.before + after);
+            ((p.before - after).abs() <= STEADY_SPREAD * mean).then(|| p.tok_s * weight_bytes as f64 / (mean * 1e9))
+        })
+        .collect()
 }
 
 /// [`probe`] in a child process (`k3mini bench bandwidth`), so that its buffers stay out of our
@@ -339,8 +367,11 @@ fn measure(
                     model.forward(&[tok], &mut st, Logits::Last)?;
                 }
                 let rate = a.decode_tokens as f64 / t0.elapsed().as_secs_f64();
-                if let Some(bw) = bw {
-                    paired.push((rate, bw));
+                if let Some(before) = bw {
+                    // And once more right after, so that a repeat across a switch of the host's
+                    // memory state shows as one (its two probes disagree).
+                    let after = probe_child(threads, weight_bytes).map(|p| p.0);
+                    paired.push(Paired { tok_s: rate, before, after });
                 }
                 Ok(rate)
             };
@@ -516,14 +547,31 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
             let l0 = p.llama().map_or(String::new(), |l| format!(", llama.cpp's {:.0}%", 100.0 * l / bound));
             println!("  decode @0 is {:.0}% of the bandwidth bound{l0}", 100.0 * p.ours() / bound);
         }
-        let fractions: Vec<f64> = m.paired.iter().map(|&(r, b)| r * weight_bytes as f64 / (b * 1e9)).collect();
+        let fractions: Vec<f64> = m.paired.iter().map(|p| p.tok_s * weight_bytes as f64 / (p.before * 1e9)).collect();
+        let pct = |v: &[f64]| v.iter().map(|f| format!("{:.0}%", 100.0 * f)).collect::<Vec<_>>().join(", ");
         if !fractions.is_empty() {
-            let each: Vec<String> = fractions.iter().map(|f| format!("{:.0}%", 100.0 * f)).collect();
             println!(
                 "  decode @0 against a probe just before each repeat: {:.0}% of the bound (median; {})",
                 100.0 * median(fractions.clone()),
-                each.join(", ")
+                pct(&fractions)
             );
+        }
+        let steady = bracketed(&m.paired, weight_bytes);
+        if !m.paired.is_empty() {
+            let spans: Vec<String> = m
+                .paired
+                .iter()
+                .map(|p| p.after.map_or(format!("{:.1}/-", p.before), |a| format!("{:.1}/{a:.1}", p.before)))
+                .collect();
+            let spread = 100.0 * STEADY_SPREAD;
+            let of = format!("{} of {} repeats whose probes agree within {spread:.0}%", steady.len(), m.paired.len());
+            let figure = if steady.is_empty() {
+                format!("no figure (none of the {} repeats had probes within {spread:.0}%)", m.paired.len())
+            } else {
+                format!("{:.0}% of the bound (median of the {of}; {})", 100.0 * median(steady.clone()), pct(&steady))
+            };
+            println!("  decode @0 against the mean of probes just before and after each repeat: {figure}");
+            println!("    (GB/s before/after each repeat: {})", spans.join(", "));
         }
         let ours_of = |pts: &[(usize, Point)]| pts.iter().map(|(k, p)| (*k, p.ours())).collect::<Vec<_>>();
         let llama_of =
@@ -559,8 +607,11 @@ pub fn run(a: &BenchInferArgs) -> Result<()> {
             "decode_bound_tok_s": bound,
             "ours": {"prefill": ours_of(&m.prefill), "decode": ours_of(&m.decode), "batch": ours_of(&m.batch)},
             "repeats": {"prefill": each(&m.prefill), "decode": each(&m.decode), "batch": each(&m.batch)},
-            "decode0_paired": m.paired.iter().map(|&(r, b)| json!({"tok_s": r, "bandwidth_gbs": b})).collect::<Vec<_>>(),
+            "decode0_paired": m.paired.iter().map(|p| json!({"tok_s": p.tok_s, "bandwidth_gbs": p.before,
+                "bandwidth_gbs_after": p.after})).collect::<Vec<_>>(),
             "decode0_bound_fraction_paired": (!fractions.is_empty()).then(|| median(fractions.clone())),
+            "decode0_steady_repeats": steady.len(),
+            "decode0_bound_fraction_bracketed": (!steady.is_empty()).then(|| median(steady.clone())),
             "llama_cpp": llama_json,
         }));
     }
@@ -687,5 +738,31 @@ fn chart(title: String, x_label: &str, series: Vec<(String, Vec<(usize, f64)>)>)
             })
             .collect(),
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bracketed_repeats_count_only_where_the_two_probes_agree() {
+        let gb = 1_000_000_000; // a token reads 1 GB: the fraction is tok/s over GB/s
+        let p = |tok_s, before, after| Paired { tok_s, before, after };
+        let paired = [
+            p(40.0, 50.0, Some(50.0)), // steady: 40 / 50
+            p(30.0, 50.0, Some(30.0)), // across a switch (50 vs 30): left out
+            p(27.0, 30.0, Some(32.0)), // 2 apart, mean 31: within 10%
+            p(20.0, 30.0, None),       // no second probe: left out
+            p(21.0, 20.0, Some(22.1)), // 2.1 apart, mean 21.05: within 10% (9.98%)
+            p(21.0, 20.0, Some(22.3)), // 2.3 apart, mean 21.15: 10.9%, left out
+        ];
+        let got = bracketed(&paired, gb);
+        let want = [0.8, 27.0 / 31.0, 21.0 / 21.05];
+        assert_eq!(got.len(), want.len(), "{got:?}");
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() < 1e-12, "{got:?} against {want:?}");
+        }
+        assert!(bracketed(&paired[1..2], gb).is_empty());
     }
 }
