@@ -202,7 +202,12 @@ pub(super) unsafe fn tile_q8<const C: usize, const G: usize, const VNNI: bool, c
     let (w, a) = (gs.w, gs.a);
     let ops: [Operands<C>; G] = array_from(|g| Operands::<C>::new(w, a, gs.r0[g], gs.t0));
     let Operands { n, xq, dx, .. } = ops[0];
-    let off = offset_terms::<C>(w, a, gs.t0).expect("the byte-code kinds' −128·Σq are stored");
+    // (The BW tiles flip the codes back to signed and take no offset.)
+    let off = if VNNI {
+        offset_terms::<C>(w, a, gs.t0).expect("the byte-code kinds' −128·Σq are stored")
+    } else {
+        [std::ptr::null(); C]
+    };
     let (flip, ones, zero) = (_mm512_set1_epi8(-128), _mm512_set1_epi16(1), _mm512_setzero_si512());
     let (low, table) = (_mm512_set1_epi8(0x0F), super::nl_table_512());
     let gb = if NL { GROUP_BLOCK } else { GROUP_BLOCK_Q8 };
