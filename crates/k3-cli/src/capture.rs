@@ -198,15 +198,9 @@ pub fn teacher_logprobs(model: &Model, tokens: &[u32], temperature: f32) -> Resu
     Ok(logits)
 }
 
-/// Log-softmax of `logits / temperature`, in place.
+/// Log-softmax of `logits / temperature`, in place ([`k3_kernels::ops::log_softmax_inplace`]).
 pub fn log_softmax(row: &mut [f32], temperature: f32) {
-    let inv = 1.0 / temperature;
-    let m = row.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x)) * inv;
-    let z: f64 = row.iter().map(|&x| ((x * inv - m) as f64).exp()).sum();
-    let lz = m + z.ln() as f32;
-    for x in row.iter_mut() {
-        *x = *x * inv - lz;
-    }
+    k3_kernels::ops::log_softmax_inplace(row, temperature);
 }
 
 enum Backend {

@@ -7,7 +7,9 @@
 //! - [`shards`]: memory-mapped token shards with a small header, random-access windows for
 //!   packed training batches and fixed validation windows;
 //! - [`signals`]: the teacher-signal store (top-k log-probabilities, trajectories, router
-//!   statistics), append-only, crash-safe and memory-mapped.
+//!   statistics), append-only, crash-safe and memory-mapped;
+//! - [`topk`]: a teacher's dense row reduced to its stored top-k, and the KL of the store's
+//!   reconstruction to it.
 
 pub mod corpus;
 pub mod dataset;
@@ -15,6 +17,7 @@ pub mod prompts;
 pub mod shards;
 pub mod signals;
 pub mod tok;
+pub mod topk;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

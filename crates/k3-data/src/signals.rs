@@ -571,22 +571,6 @@ impl SignalStore {
     }
 }
 
-/// Top-k of a dense log-probability row (descending), with the log of the remaining mass.
-pub fn top_k(logprobs: &[f32], k: usize) -> TopK {
-    let k = k.min(logprobs.len());
-    let mut idx: Vec<u32> = (0..logprobs.len() as u32).collect();
-    idx.select_nth_unstable_by(k.saturating_sub(1), |&a, &b| logprobs[b as usize].total_cmp(&logprobs[a as usize]));
-    let mut top: Vec<u32> = idx[..k].to_vec();
-    top.sort_by(|&a, &b| logprobs[b as usize].total_cmp(&logprobs[a as usize]));
-    let kept: f64 = top.iter().map(|&i| (logprobs[i as usize] as f64).exp()).sum();
-    let tail = (1.0 - kept).max(0.0);
-    TopK {
-        logprobs: top.iter().map(|&i| logprobs[i as usize]).collect(),
-        ids: top,
-        tail_logmass: if tail > 0.0 { tail.ln() as f32 } else { f32::NEG_INFINITY },
-    }
-}
-
 /// `t` as a reader of the store gets it back (ids kept, log-probabilities quantized).
 pub fn decode_roundtrip(t: &TopK, header: &StoreHeader) -> TopK {
     let mut b = Vec::with_capacity(header.bytes_per_position());
@@ -594,32 +578,7 @@ pub fn decode_roundtrip(t: &TopK, header: &StoreHeader) -> TopK {
     decode_topk(&b, t.ids.len(), header.wide())
 }
 
-/// KL(p ‖ q̂) in nats of a dense distribution (log-probs) against its stored reconstruction: the
-/// decoded top-k, and the tail mass spread uniformly over the other tokens.
-pub fn reconstruction_kl(dense: &[f32], t: &TopK) -> f64 {
-    let v = dense.len();
-    let mut q = vec![f64::NAN; v];
-    let kept: f64 = t.logprobs.iter().map(|&l| (l as f64).exp()).sum();
-    let tail = (t.tail_logmass as f64).exp().max(1e-30);
-    let norm = kept + tail;
-    let rest = tail / norm / (v - t.ids.len()).max(1) as f64;
-    for (&i, &l) in t.ids.iter().zip(&t.logprobs) {
-        q[i as usize] = (l as f64).exp() / norm;
-    }
-    dense
-        .iter()
-        .zip(&q)
-        .map(|(&lp, &qi)| {
-            let p = (lp as f64).exp();
-            let qi = if qi.is_nan() { rest } else { qi };
-            if p > 0.0 {
-                p * (lp as f64 - qi.ln())
-            } else {
-                0.0
-            }
-        })
-        .sum()
-}
+pub use crate::topk::{reconstruction_kl, top_k};
 
 #[cfg(test)]
 mod tests {
