@@ -192,10 +192,29 @@ fn write_stats(out: &Path, s: &CaptureStats) -> Result<()> {
 pub fn teacher_logprobs(model: &Model, tokens: &[u32], temperature: f32) -> Result<Vec<f32>> {
     let mut st = model.new_state();
     let mut logits = model.forward(tokens, &mut st, Logits::All)?;
-    for row in logits.chunks_exact_mut(model.vocab_size()) {
-        log_softmax(row, temperature);
-    }
+    each_row(&mut logits, model.vocab_size(), model.compute.threads, |row| log_softmax(row, temperature));
     Ok(logits)
+}
+
+/// `f` of every [V]-wide row of `rows`, in order, the rows cut into one contiguous run per
+/// thread (up to `threads`): reducing a window's rows over a vocabulary of 49,152 is otherwise
+/// serial work while the teacher's threads wait.
+fn each_row<T: Send>(rows: &mut [f32], v: usize, threads: usize, f: impl Fn(&mut [f32]) -> T + Sync) -> Vec<T> {
+    let n = rows.len() / v.max(1);
+    let per = n.div_ceil(threads.clamp(1, n.max(1)));
+    if per >= n {
+        return rows.chunks_exact_mut(v).map(&f).collect();
+    }
+    std::thread::scope(|sc| {
+        let parts: Vec<_> = rows
+            .chunks_mut(per * v)
+            .map(|part| {
+                let f = &f;
+                sc.spawn(move || part.chunks_exact_mut(v).map(f).collect::<Vec<T>>())
+            })
+            .collect();
+        parts.into_iter().flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
+    })
 }
 
 /// Log-softmax of `logits / temperature`, in place ([`k3_kernels::ops::log_softmax_inplace`]).
@@ -334,13 +353,18 @@ pub fn run(a: &CaptureArgs) -> Result<()> {
         let mut kl = 0.0;
         match &mut backend {
             Backend::Engine(model) => {
-                let logp = teacher_logprobs(model, &tokens[..a.seq_len], a.temperature)?;
-                for row in logp.chunks_exact(vocab) {
-                    let t = signals::top_k(row, w.header.top_k);
+                let mut logp = teacher_logprobs(model, &tokens[..a.seq_len], a.temperature)?;
+                let header = &w.header;
+                let rows = each_row(&mut logp, vocab, model.compute.threads, |row| {
+                    let t = signals::top_k(row, header.top_k);
                     // What the store will give back (quantized), against the dense distribution.
-                    let q = signals::decode_roundtrip(&t, &w.header);
-                    kl += signals::reconstruction_kl(row, &q);
-                    stats.tail_mass_sum += (t.tail_logmass as f64).exp();
+                    let q = signals::decode_roundtrip(&t, header);
+                    (signals::reconstruction_kl(row, &q), (t.tail_logmass as f64).exp(), q)
+                });
+                // Summed in row order, as one thread would.
+                for (row_kl, tail_mass, q) in rows {
+                    kl += row_kl;
+                    stats.tail_mass_sum += tail_mass;
                     positions.push(q);
                 }
             }
