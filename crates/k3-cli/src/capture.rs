@@ -188,33 +188,31 @@ fn write_stats(out: &Path, s: &CaptureStats) -> Result<()> {
 }
 
 /// The teacher-forced log-probabilities [T, V] after every token of `tokens`, at `temperature`:
-/// one batched prefill with all positions' logits.
+/// one batched prefill with all positions' logits, each row's log-softmax on the engine's pool.
+/// A row with a NaN or +inf logit is an error that names its position (a corrupt model file, or
+/// a temperature too small for f32), never a row of NaN passed on to a store or a loss.
 pub fn teacher_logprobs(model: &Model, tokens: &[u32], temperature: f32) -> Result<Vec<f32>> {
     let mut st = model.new_state();
     let mut logits = model.forward(tokens, &mut st, Logits::All)?;
-    each_row(&mut logits, model.vocab_size(), model.compute.threads, |row| log_softmax(row, temperature));
-    Ok(logits)
-}
-
-/// `f` of every [V]-wide row of `rows`, in order, the rows cut into one contiguous run per
-/// thread (up to `threads`): reducing a window's rows over a vocabulary of 49,152 is otherwise
-/// serial work while the teacher's threads wait.
-fn each_row<T: Send>(rows: &mut [f32], v: usize, threads: usize, f: impl Fn(&mut [f32]) -> T + Sync) -> Vec<T> {
-    let n = rows.len() / v.max(1);
-    let per = n.div_ceil(threads.clamp(1, n.max(1)));
-    if per >= n {
-        return rows.chunks_exact_mut(v).map(&f).collect();
+    let v = model.vocab_size();
+    let first_bad = std::sync::atomic::AtomicUsize::new(usize::MAX);
+    k3_kernels::threads::par_rows(&mut logits, v, model.compute.threads, |row0, block| {
+        for (r, row) in block.chunks_exact_mut(v).enumerate() {
+            log_softmax(row, temperature);
+            if row.iter().any(|x| x.is_nan()) {
+                first_bad.fetch_min(row0 + r, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    });
+    let bad = first_bad.into_inner();
+    if bad != usize::MAX {
+        bail!(
+            "the teacher's next-token distribution after token {bad} of the window is not finite (a NaN or \
+             +inf logit, or logits / temperature {temperature} overflowing f32): check the model file, or use a \
+             larger --temperature"
+        );
     }
-    std::thread::scope(|sc| {
-        let parts: Vec<_> = rows
-            .chunks_mut(per * v)
-            .map(|part| {
-                let f = &f;
-                sc.spawn(move || part.chunks_exact_mut(v).map(f).collect::<Vec<T>>())
-            })
-            .collect();
-        parts.into_iter().flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
-    })
+    Ok(logits)
 }
 
 /// Log-softmax of `logits / temperature`, in place ([`k3_kernels::ops::log_softmax_inplace`]).
@@ -230,6 +228,9 @@ enum Backend {
 pub fn run(a: &CaptureArgs) -> Result<()> {
     if a.top_k == 0 || a.seq_len == 0 || a.temperature.is_nan() || a.temperature <= 0.0 {
         bail!("--top-k, --seq-len and --temperature must be positive");
+    }
+    if a.temperature < 1e-3 {
+        bail!("--temperature {} is below 0.001: logits / temperature would overflow f32", a.temperature);
     }
     let tail = parse_tail(&a.tail)?;
     let order = match a.order.as_str() {
@@ -353,16 +354,21 @@ pub fn run(a: &CaptureArgs) -> Result<()> {
         let mut kl = 0.0;
         match &mut backend {
             Backend::Engine(model) => {
-                let mut logp = teacher_logprobs(model, &tokens[..a.seq_len], a.temperature)?;
+                let logp = teacher_logprobs(model, &tokens[..a.seq_len], a.temperature)?;
                 let header = &w.header;
-                let rows = each_row(&mut logp, vocab, model.compute.threads, |row| {
-                    let t = signals::top_k(row, header.top_k);
-                    // What the store will give back (quantized), against the dense distribution.
-                    let q = signals::decode_roundtrip(&t, header);
-                    (signals::reconstruction_kl(row, &q), (t.tail_logmass as f64).exp(), q)
+                // A window's rows reduced on the engine's pool, a run of rows a thread.
+                let parts = k3_kernels::threads::par_chunks(logp.len() / vocab, model.compute.threads, |lo, hi| {
+                    let rows = logp[lo * vocab..hi * vocab].chunks_exact(vocab);
+                    let reduce = |row: &[f32]| {
+                        let t = signals::top_k(row, header.top_k);
+                        // What the store will give back (quantized), against the dense distribution.
+                        let q = signals::decode_roundtrip(&t, header);
+                        (signals::reconstruction_kl(row, &q), (t.tail_logmass as f64).exp(), q)
+                    };
+                    rows.map(reduce).collect::<Vec<_>>()
                 });
                 // Summed in row order, as one thread would.
-                for (row_kl, tail_mass, q) in rows {
+                for (row_kl, tail_mass, q) in parts.into_iter().flat_map(|(_, _, part)| part) {
                     kl += row_kl;
                     stats.tail_mass_sum += tail_mass;
                     positions.push(q);

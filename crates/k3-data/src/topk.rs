@@ -8,12 +8,26 @@ use k3_kernels::ops::exp_fast;
 
 use crate::signals::TopK;
 
+/// Most k for [`top_k`]'s one-pass form; beyond it each entering value's insertion (O(k)) would
+/// cost more than a partial sort of every id.
+const SCAN_MAX_K: usize = 256;
+
 /// Top-k of a dense log-probability row, descending (total order; among equal values the lower
-/// id first), with the log of the remaining mass. One pass keeping the k largest in order: a
-/// value enters only when it beats the smallest kept one, so past the first few hundred values
-/// almost every one costs a comparison (the partial sort of every id it replaces moved them all).
+/// id first), with the log of the remaining mass. Up to [`SCAN_MAX_K`], one pass keeping the k
+/// largest in order: a value enters only when it beats the smallest kept one, so past the first
+/// few hundred values almost every one costs a comparison (the partial sort of every id it
+/// replaces moved them all). Beyond, that partial sort, with the same order for ties.
 pub fn top_k(logprobs: &[f32], k: usize) -> TopK {
     let k = k.min(logprobs.len());
+    if k > SCAN_MAX_K {
+        // Descending by value, then ascending by id.
+        let order = |a: &u32, b: &u32| logprobs[*b as usize].total_cmp(&logprobs[*a as usize]).then(a.cmp(b));
+        let mut idx: Vec<u32> = (0..logprobs.len() as u32).collect();
+        idx.select_nth_unstable_by(k - 1, order);
+        idx.truncate(k);
+        idx.sort_by(order);
+        return finish(logprobs, idx);
+    }
     // (total-order key, id), descending by key.
     let mut top: Vec<(i32, u32)> = Vec::with_capacity(k + 1);
     if k > 0 {
@@ -70,7 +84,6 @@ pub fn reconstruction_kl(dense: &[f32], t: &TopK) -> f64 {
     let kept: f64 = t.logprobs.iter().map(|&l| (l as f64).exp()).sum();
     let tail = (t.tail_logmass as f64).exp().max(1e-30);
     let norm = kept + tail;
-    let ln_rest = (tail / norm / (v - t.ids.len()).max(1) as f64).ln();
     let (all_plp, all_p) = mass_sums(dense);
     let (mut kept_plnq, mut kept_p) = (0f64, 0f64);
     for (&i, &l) in t.ids.iter().zip(&t.logprobs) {
@@ -80,7 +93,15 @@ pub fn reconstruction_kl(dense: &[f32], t: &TopK) -> f64 {
             kept_p += p;
         }
     }
-    all_plp - kept_plnq - ln_rest * (all_p - kept_p)
+    // The mass outside the kept ids, at q_rest each (none when every id is kept: there the
+    // difference is rounding, which ln q_rest, down to ln 1e-30, would magnify).
+    let rest_term = if t.ids.len() >= v {
+        0.0
+    } else {
+        let ln_rest = (tail / norm / (v - t.ids.len()) as f64).ln();
+        ln_rest * (all_p - kept_p).max(0.0)
+    };
+    all_plp - kept_plnq - rest_term
 }
 
 /// e^lp, or 0 below e^−87 (and for NaN), where [`exp_fast`] clamps.
@@ -177,11 +198,20 @@ mod tests {
         }
     }
 
-    /// Equal values: the lower id first, and at the cut the lower ids kept.
+    /// Equal values: the lower id first, and at the cut the lower ids kept, in both forms (k up
+    /// to [`SCAN_MAX_K`] and beyond it).
     #[test]
     fn top_k_breaks_ties_by_the_lower_id() {
         let lp = [-3.0, -1.0, -2.0, -1.0, -2.0, -2.0, -5.0];
         assert_eq!(top_k(&lp, 4).ids, vec![1, 3, 2, 4]);
+        // 600 values in 6 levels, each id's level fixed by id mod 6: the k-th largest id order.
+        let lv: Vec<f32> = (0..600).map(|i| -((i % 6) as f32)).collect();
+        for k in [7, 100, 250, 300, 599] {
+            let mut want: Vec<u32> = (0..600).collect();
+            want.sort_by_key(|&i| (i % 6, i));
+            want.truncate(k);
+            assert_eq!(top_k(&lv, k).ids, want, "k {k}");
+        }
         // Ascending values: every one enters and pushes out the smallest.
         let up: Vec<f32> = (0..100).map(|i| -100.0 + i as f32).collect();
         assert_eq!(top_k(&up, 3).ids, vec![99, 98, 97]);

@@ -10,8 +10,9 @@
 //! OUT, when given, receives every token time (µs), a repeat a line.
 //!
 //! Before each repeat, on x86-64, the core's clock is probed: 20 ms of a chain of dependent
-//! integer adds (one a cycle on every x86 core of the last decade), its rate in GHz. A repeat
-//! slower at the same clock waited on memory; one whose clock fell ran slower itself.
+//! 64-bit integer multiplies (three cycles each on Intel cores since Sandy Bridge and AMD's since
+//! Zen), its rate in GHz. A repeat slower at the same clock waited on memory; one whose clock
+//! fell ran slower itself.
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -30,6 +31,10 @@ fn main() {
     };
     let mut num = |d: usize| args.next().and_then(|s| s.parse().ok()).unwrap_or(d);
     let (threads, tokens, repeats) = (num(2), num(96), num(20));
+    if tokens == 0 || repeats == 0 {
+        eprintln!("decode_trace: TOKENS and REPEATS must be at least 1");
+        std::process::exit(2);
+    }
     let out = std::env::args().nth(5).map(PathBuf::from);
     let (mut model, _) = Model::load(&path).unwrap_or_else(|e| {
         eprintln!("decode_trace: cannot load {}: {e:#}", path.display());
@@ -92,21 +97,21 @@ fn main() {
     }
 }
 
-/// The core's clock in GHz: 20 ms of dependent adds, eight a loop (the loop's own decrement and
-/// branch run beside them); NaN off x86-64.
+/// The core's clock in GHz: 20 ms of dependent multiplies, eight a loop at three cycles each (the
+/// loop's own decrement and branch run beside them); NaN off x86-64.
 fn clock_ghz() -> f64 {
     #[cfg(target_arch = "x86_64")]
     {
         let (mut best, t0) = (0f64, Instant::now());
         while t0.elapsed().as_secs_f64() < 0.02 {
-            let (loops, mut x) = (100_000u64, 0u64);
+            let (loops, mut x) = (50_000u64, 3u64);
             let t = Instant::now();
             // SAFETY: registers only.
             unsafe {
                 std::arch::asm!(
                     "2:",
-                    "add {x}, 1", "add {x}, 1", "add {x}, 1", "add {x}, 1",
-                    "add {x}, 1", "add {x}, 1", "add {x}, 1", "add {x}, 1",
+                    "imul {x}, {x}", "imul {x}, {x}", "imul {x}, {x}", "imul {x}, {x}",
+                    "imul {x}, {x}", "imul {x}, {x}", "imul {x}, {x}", "imul {x}, {x}",
                     "dec {n}",
                     "jnz 2b",
                     x = inout(reg) x,
@@ -115,7 +120,7 @@ fn clock_ghz() -> f64 {
                 );
             }
             std::hint::black_box(x);
-            best = best.max(8.0 * loops as f64 / t.elapsed().as_secs_f64() / 1e9);
+            best = best.max(24.0 * loops as f64 / t.elapsed().as_secs_f64() / 1e9);
         }
         best
     }

@@ -113,9 +113,12 @@ pub fn exp_shifted_sum_ref(x: &mut [f32], scale: f32, m: f32) -> f32 {
 
 /// `x ← log_softmax(x / temperature)` in place: the maximum, then Σ e^(x/τ − m) by
 /// [`exp_shifted_sum`] over copies of 1024-value pieces (its vector path where the CPU has one),
-/// the pieces' sums added in f64, then each value less the log of the sum. For a vocabulary-wide
-/// row (a teacher's 49,152 log-probabilities per position) this is ~10× the libm loop of
-/// [`log_softmax_inplace_ref`], its reference.
+/// the pieces' sums added in f64, then each value less the log of the sum. Over a vocabulary-wide
+/// row (a teacher's 49,152 logits a position) it replaces the libm loop of
+/// [`log_softmax_inplace_ref`], its reference, which was most of the capture's row reduction.
+///
+/// # Shapes
+/// x: [V], one row.
 pub fn log_softmax_inplace(x: &mut [f32], temperature: f32) {
     let inv = 1.0 / temperature;
     let mut lanes = [f32::NEG_INFINITY; 16];
@@ -148,14 +151,18 @@ pub fn log_softmax_inplace_ref(x: &mut [f32], temperature: f32) {
 
 /// e^x without a libm call: Cephes' expf (2^n · p(r), r = x − n·ln 2, |r| ≤ ln2/2, degree-6
 /// polynomial), branch-free so loops over it vectorise. Relative error ≤ 2e-7 on [−87, 88]; the
-/// input is clamped there, so it never returns inf or 0 (below e^−87 it gives ~1.2e-38).
+/// input is clamped there, so it never returns inf or 0 (below e^−87 it gives ~1.2e-38), and a
+/// NaN input, as the 16-lane form's `max` takes it, gives that same ~1.2e-38 (a clamp would keep
+/// the NaN, and its conversion to an integer below would be undefined).
 /// [`exp_ref`] (libm) is its reference.
 #[inline(always)]
 pub fn exp_fast(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
-    let x = x.clamp(-87.3, 88.3);
+    // Not `clamp`: it keeps a NaN, whose conversion below would be undefined.
+    #[allow(clippy::manual_clamp)]
+    let x = x.max(-87.3).min(88.3);
     let n = (x * LOG2E + 12_582_912.0) - 12_582_912.0; // round to nearest (|x·log2 e| < 2²²)
     let r = x - n * LN2_HI - n * LN2_LO;
     let mut p = 1.987_569_1e-4f32;
@@ -414,16 +421,29 @@ mod tests {
             let mut x: Vec<f32> = rng.normals(n, spread);
             if n > 100 {
                 x[7] = -1e4; // a token the model all but rules out
+                x[9] = f32::NEG_INFINITY; // and one it rules out
             }
             let (mut got, mut want) = (x.clone(), x.clone());
             super::log_softmax_inplace(&mut got, temp);
             super::log_softmax_inplace_ref(&mut want, temp);
             for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
-                assert!((g - w).abs() <= 2e-6 * (1.0 + w.abs()), "n {n}, value {i}: {g} against {w}");
+                assert!(g == w || (g - w).abs() <= 2e-6 * (1.0 + w.abs()), "n {n}, value {i}: {g} against {w}");
             }
             let mass: f64 = got.iter().map(|&v| (v as f64).exp()).sum();
             assert!((mass - 1.0).abs() < 1e-5, "n {n}: the probabilities sum to {mass}");
         }
+    }
+
+    /// A NaN into the exponential comes out as e^−87.3, as the 16-lane form's `max` makes it,
+    /// not as a NaN converted to an integer (undefined), on either path.
+    #[test]
+    fn exp_takes_nan_as_its_clamp_floor() {
+        let floor = super::exp_fast(-87.3);
+        assert_eq!(super::exp_fast(f32::NAN).to_bits(), floor.to_bits());
+        let mut x = [f32::NAN; 20];
+        let sum = super::exp_shifted_sum(&mut x, 1.0, 0.0);
+        assert!(x.iter().all(|&v| v.is_finite() && v <= 2.0 * floor), "{x:?}");
+        assert!(sum.is_finite(), "{sum}");
     }
 
     /// The 16-lane exponential against libm over the range the softmaxes feed it and past its
