@@ -84,7 +84,10 @@ pub(super) unsafe fn tile<
     gs: Groups<G>,
 ) {
     let (w, a) = (gs.w, gs.a);
-    let ops: [Operands<C>; G] = array_from(|g| Operands::<C>::new(w, a, gs.r0[g], gs.t0));
+    let ops: [Operands<C>; G] = array_from(
+        #[inline(always)]
+        |g| Operands::<C>::new(w, a, gs.r0[g], gs.t0),
+    );
     let Operands { n, xq, dx, sx, .. } = ops[0];
     // Super-block scales (Q4_K, Q2_K) known at compile time, so the other kinds' tiles carry
     // none of their work.
@@ -200,7 +203,10 @@ pub(super) unsafe fn tile_q8<const C: usize, const G: usize, const VNNI: bool, c
     gs: Groups<G>,
 ) {
     let (w, a) = (gs.w, gs.a);
-    let ops: [Operands<C>; G] = array_from(|g| Operands::<C>::new(w, a, gs.r0[g], gs.t0));
+    let ops: [Operands<C>; G] = array_from(
+        #[inline(always)]
+        |g| Operands::<C>::new(w, a, gs.r0[g], gs.t0),
+    );
     let Operands { n, xq, dx, .. } = ops[0];
     // (The BW tiles flip the codes back to signed and take no offset.)
     let off = if VNNI {
