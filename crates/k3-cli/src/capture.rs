@@ -198,7 +198,7 @@ pub fn teacher_logprobs(model: &Model, tokens: &[u32], temperature: f32) -> Resu
     let first_bad = std::sync::atomic::AtomicUsize::new(usize::MAX);
     k3_kernels::threads::par_rows(&mut logits, v, model.compute.threads, |row0, block| {
         for (r, row) in block.chunks_exact_mut(v).enumerate() {
-            log_softmax(row, temperature);
+            k3_kernels::ops::log_softmax_inplace(row, temperature);
             if row.iter().any(|x| x.is_nan()) {
                 first_bad.fetch_min(row0 + r, std::sync::atomic::Ordering::Relaxed);
             }
@@ -208,16 +208,11 @@ pub fn teacher_logprobs(model: &Model, tokens: &[u32], temperature: f32) -> Resu
     if bad != usize::MAX {
         bail!(
             "the teacher's next-token distribution after token {bad} of the window is not finite (a NaN or \
-             +inf logit, or logits / temperature {temperature} overflowing f32): check the model file, or use a \
+             +inf logit, or logits / temperature {temperature:e} overflowing f32): check the model file, or use a \
              larger --temperature"
         );
     }
     Ok(logits)
-}
-
-/// Log-softmax of `logits / temperature`, in place ([`k3_kernels::ops::log_softmax_inplace`]).
-pub fn log_softmax(row: &mut [f32], temperature: f32) {
-    k3_kernels::ops::log_softmax_inplace(row, temperature);
 }
 
 enum Backend {
@@ -228,9 +223,6 @@ enum Backend {
 pub fn run(a: &CaptureArgs) -> Result<()> {
     if a.top_k == 0 || a.seq_len == 0 || a.temperature.is_nan() || a.temperature <= 0.0 {
         bail!("--top-k, --seq-len and --temperature must be positive");
-    }
-    if a.temperature < 1e-3 {
-        bail!("--temperature {} is below 0.001: logits / temperature would overflow f32", a.temperature);
     }
     let tail = parse_tail(&a.tail)?;
     let order = match a.order.as_str() {

@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use k3_infer::{Logits, Model};
 use serde_json::json;
 
-use crate::capture::log_softmax;
+use k3_kernels::ops::log_softmax_inplace;
 
 /// `n` windows of `ctx` tokens spread evenly over a token set.
 fn windows(set: &k3_data::shards::TokenSet, n: usize, ctx: usize) -> Vec<Vec<u32>> {
@@ -128,7 +128,7 @@ pub fn reference_logprobs(rm: &Model, what: &Path, ws: &[Vec<u32>]) -> Result<Ve
     for w in ws {
         let mut st = rm.new_state();
         let mut l = rm.forward(w, &mut st, Logits::All)?;
-        l.chunks_exact_mut(v).for_each(|r| log_softmax(r, 1.0));
+        l.chunks_exact_mut(v).for_each(|r| log_softmax_inplace(r, 1.0));
         ref_lp.push(l);
     }
     Ok(ref_lp)
@@ -159,7 +159,7 @@ pub fn score(
         if l.len() != rl.len() {
             bail!("logits of {} values for a window of {} tokens x {v}", l.len(), w.len());
         }
-        l.chunks_exact_mut(v).for_each(|r| log_softmax(r, 1.0));
+        l.chunks_exact_mut(v).for_each(|r| log_softmax_inplace(r, 1.0));
         for (p, q) in rl.chunks_exact(v).zip(l.chunks_exact(v)) {
             kl += p.iter().zip(q).map(|(&lp, &lq)| (lp as f64).exp() * (lp - lq) as f64).sum::<f64>();
             let am = |r: &[f32]| r.iter().enumerate().max_by(|x, y| x.1.total_cmp(y.1)).map_or(0, |x| x.0);

@@ -58,7 +58,7 @@ pub fn generate_engine(
     let (mut generated, mut tops) = (Vec::new(), Vec::new());
     while generated.len() < max_new && engine.tokens(seq)?.len() < engine.model.n_ctx {
         let mut lp = logits.clone();
-        crate::capture::log_softmax(&mut lp, 1.0);
+        k3_kernels::ops::log_softmax_inplace(&mut lp, 1.0);
         let next = sampler.sample(&logits, engine.tokens(seq)?);
         tops.push(signals::top_k(&lp, k));
         generated.push(next);

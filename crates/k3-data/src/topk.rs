@@ -16,17 +16,11 @@ const SCAN_MAX_K: usize = 256;
 /// id first), with the log of the remaining mass. Up to [`SCAN_MAX_K`], one pass keeping the k
 /// largest in order: a value enters only when it beats the smallest kept one, so past the first
 /// few hundred values almost every one costs a comparison (the partial sort of every id it
-/// replaces moved them all). Beyond, that partial sort, with the same order for ties.
+/// replaces moved them all). Beyond, that partial sort ([`top_k_ref`]).
 pub fn top_k(logprobs: &[f32], k: usize) -> TopK {
     let k = k.min(logprobs.len());
     if k > SCAN_MAX_K {
-        // Descending by value, then ascending by id.
-        let order = |a: &u32, b: &u32| logprobs[*b as usize].total_cmp(&logprobs[*a as usize]).then(a.cmp(b));
-        let mut idx: Vec<u32> = (0..logprobs.len() as u32).collect();
-        idx.select_nth_unstable_by(k - 1, order);
-        idx.truncate(k);
-        idx.sort_by(order);
-        return finish(logprobs, idx);
+        return top_k_ref(logprobs, k);
     }
     // (total-order key, id), descending by key.
     let mut top: Vec<(i32, u32)> = Vec::with_capacity(k + 1);
@@ -47,14 +41,18 @@ pub fn top_k(logprobs: &[f32], k: usize) -> TopK {
     finish(logprobs, ids)
 }
 
-/// [`top_k`] by a partial sort of every id (ties in any order).
+/// [`top_k`] by a partial sort of every id, in the same order (descending by value, then
+/// ascending by id).
 pub fn top_k_ref(logprobs: &[f32], k: usize) -> TopK {
     let k = k.min(logprobs.len());
+    let order = |a: &u32, b: &u32| logprobs[*b as usize].total_cmp(&logprobs[*a as usize]).then(a.cmp(b));
     let mut idx: Vec<u32> = (0..logprobs.len() as u32).collect();
-    idx.select_nth_unstable_by(k.saturating_sub(1), |&a, &b| logprobs[b as usize].total_cmp(&logprobs[a as usize]));
-    let mut top: Vec<u32> = idx[..k].to_vec();
-    top.sort_by(|&a, &b| logprobs[b as usize].total_cmp(&logprobs[a as usize]));
-    finish(logprobs, top)
+    if k > 0 {
+        idx.select_nth_unstable_by(k - 1, order);
+    }
+    idx.truncate(k);
+    idx.sort_by(order);
+    finish(logprobs, idx)
 }
 
 /// The [`TopK`] of the chosen ids, in order: their log-probabilities and the log of the rest.
@@ -184,17 +182,21 @@ mod tests {
     }
 
     /// The one-pass top-k against the partial sort: the same values in the same order, the same
-    /// ids (the values are distinct), the same tail, for k from 0 past the row's length.
+    /// ids, the same tail, for k from 0 past the row's length (above 256 `top_k` is the partial
+    /// sort itself), on distinct values and on values rounded to quarters (many ties).
     #[test]
     fn top_k_matches_its_reference() {
         for (n, k, seed) in
             [(1, 1, 1), (5, 0, 2), (40, 8, 3), (500, 32, 4), (49_152, 32, 5), (300, 300, 6), (64, 99, 7)]
         {
             let lp = row(n, 4.0, seed);
-            let (got, want) = (top_k(&lp, k), top_k_ref(&lp, k));
-            assert_eq!(got.ids, want.ids, "n {n}, k {k}");
-            assert_eq!(got.logprobs, want.logprobs, "n {n}, k {k}");
-            assert_eq!(got.tail_logmass.to_bits(), want.tail_logmass.to_bits(), "n {n}, k {k}");
+            let tied: Vec<f32> = lp.iter().map(|&x| (x * 4.0).round() / 4.0).collect();
+            for lp in [lp, tied] {
+                let (got, want) = (top_k(&lp, k), top_k_ref(&lp, k));
+                assert_eq!(got.ids, want.ids, "n {n}, k {k}");
+                assert_eq!(got.logprobs, want.logprobs, "n {n}, k {k}");
+                assert_eq!(got.tail_logmass.to_bits(), want.tail_logmass.to_bits(), "n {n}, k {k}");
+            }
         }
     }
 
